@@ -519,6 +519,19 @@ def framed_json(result, untrusted=False, rows=None, offset=0, caps=FIELD_CAPS, h
 # =============================================================================================
 
 
+# Transcript records are read leniently: a raw control character (FS, VT ...) inside a JSON string
+# is invalid JSON, but it must not make a real turn disappear.
+_RECORD = json.JSONDecoder(strict=False)
+
+
+def parse_record(line):
+    """One JSONL record, or None when the line is not JSON."""
+    try:
+        return _RECORD.decode(line)
+    except (ValueError, RecursionError):
+        return None
+
+
 def jsonl_lines(text):
     """Records split on ``\\n`` only (a trailing ``\\r`` stripped): JSON strings may hold raw U+2028,
     NEL, FS ... which ``str.splitlines`` would treat as line ends, cutting records in half."""
@@ -533,9 +546,8 @@ def check_transcript(text):
     for number, line in enumerate(jsonl_lines(text), 1):
         if not line.strip():
             continue
-        try:
-            record = json.loads(line)
-        except ValueError:
+        record = parse_record(line)
+        if record is None:
             return "line %d is not valid JSON" % number
         if not isinstance(record, dict):
             return "line %d is not a JSON object" % number
@@ -658,10 +670,7 @@ def claude_turns(text, tools):
     for line in jsonl_lines(text):
         if not _TURN_TOKEN.search(line):
             continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
+        record = parse_record(line)
         if isinstance(record, dict):
             turn = claude_turn(record, tools)
             if turn:
@@ -687,10 +696,7 @@ def pick_transcript(bundle):
             return None
 
     if "canonical.json" in files:
-        try:
-            doc = json.loads(decoded("canonical.json") or "")
-        except ValueError:
-            doc = None
+        doc = parse_record(decoded("canonical.json") or "")
         fmt = doc.get("format") if isinstance(doc, dict) else None
         if (isinstance(fmt, str) and re.match(r"^a4sx\.session/0\.\d+$", fmt)
                 and isinstance(doc.get("turns"), list)):
@@ -773,7 +779,10 @@ def sdk():
 def sdk_available():
     import importlib.util
 
-    return _sdk_module is not None or importlib.util.find_spec(SDK_PACKAGE) is not None
+    try:
+        return _sdk_module is not None or importlib.util.find_spec(SDK_PACKAGE) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def sdk_version():

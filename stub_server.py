@@ -18,6 +18,7 @@ import json
 import os
 import secrets
 import shlex
+import signal
 import sys
 import tempfile
 import threading
@@ -603,6 +604,7 @@ def main(argv=None):
     print("stub a4sx API on %s" % stub.base, file=sys.stderr, flush=True)
     if args.demo:
         _print_demo(stub, seed_demo(stub))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # `kill` stops it as cleanly as Ctrl-C
     try:
         while True:
             time.sleep(3600)
