@@ -1087,7 +1087,7 @@ def validate(schema, value, path):
         return None
     if kind == "integer":
         if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, float) and value.is_integer() and not isinstance(value, bool):
+            if _integral_float(value):
                 value = int(value)  # JSON has one number type: 10.0 is the integer 10
             else:
                 return "%s: must be an integer" % path
@@ -1111,11 +1111,15 @@ def validate(schema, value, path):
     return None
 
 
+def _integral_float(value):
+    return isinstance(value, float) and value - value == 0 and value == int(value)  # finite, no fraction
+
+
 def with_defaults(schema, args):
     out = {key: prop["default"] for key, prop in schema["properties"].items() if "default" in prop}
     out.update(args)
     for key, prop in schema["properties"].items():  # 10.0 -> 10 for integer properties
-        if prop.get("type") == "integer" and isinstance(out.get(key), float):
+        if prop.get("type") == "integer" and _integral_float(out.get(key)):
             out[key] = int(out[key])
     return out
 

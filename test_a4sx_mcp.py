@@ -58,7 +58,7 @@ def _loopback(host):
         return False
 
 def _violation(what):
-    path = os.environ.get("A4SX_TEST_GUARD_LOG")
+    path = os.environ.get("TEST_OFFLINE_GUARD_LOG")
     if path:
         with open(path, "a") as f:
             f.write(what + "\n")
@@ -112,7 +112,7 @@ def env(tmp_path, monkeypatch, guard_dir):
     guard_log = tmp_path / "guard.log"
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("A4SX_CONFIG_DIR", str(cfg))
-    monkeypatch.setenv("A4SX_TEST_GUARD_LOG", str(guard_log))
+    monkeypatch.setenv("TEST_OFFLINE_GUARD_LOG", str(guard_log))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([guard_dir, HERE]))
     monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
     yield {"home": home, "cfg": cfg}
@@ -1535,3 +1535,661 @@ def test_logging_levels(spawn, stub):
     err = "".join(loud.stderr)
     assert re.search(r"tool=search_sessions outcome=ok ms=\d+", err)
     assert "outcome=invalid_arguments" in err and "needle-in-query" not in err
+
+
+# ---------------------------------------------------------------------------
+# Interoperability with the official MCP clients.
+#
+#   * Python SDK  mcp==2.3.0     : mode="auto" (server/discover probe),
+#                                  mode="legacy" (initialize handshake),
+#                                  mode="2026-07-28" (no probe; first request is modern)
+#   * TypeScript SDK @modelcontextprotocol/sdk 1.32.x under node (initialize handshake)
+#
+# Each client starts the real server ([sys.executable, a4sx_mcp.py, --base, stub.base]) as its
+# stdio subprocess, through a tiny relay launcher that records every JSON-RPC line in both
+# directions (wire.log), the server's stderr (server.stderr) and how the server exited
+# (exit.json). Assertion messages include those, so a failure shows what the client sent and
+# what the server answered.
+#
+# Missing client (mcp not importable, node or the node_modules folder absent): skipped, but a
+# hard failure when $CI is set. Node modules: $A4SX_INTEROP_NODE_MODULES, default
+# <repo>/.interop/node_modules (npm install --prefix <repo>/.interop @modelcontextprotocol/sdk@1.32).
+# ---------------------------------------------------------------------------
+import importlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+
+def _interop_repo():
+    here = Path(__file__).resolve().parent
+    for cand in (here, here.parent):
+        if (cand / "a4sx_mcp.py").exists():
+            return cand
+    return here.parent if here.name == "_parts" else here
+
+
+INTEROP_REPO = _interop_repo()
+INTEROP_SERVER = INTEROP_REPO / "a4sx_mcp.py"
+INTEROP_TIMEOUT_S = 30.0  # whole test budget per client
+INTEROP_REQUEST_TIMEOUT_S = 20.0  # per request, inside that budget
+INTEROP_TOOLS = [
+    "search_sessions",
+    "get_session_summary",
+    "acquire_session",
+    "fetch_session_context",
+    "publish_session",
+]
+
+# Relay launcher: spawns the server, copies stdin/stdout line by line in both directions,
+# logs each line with a timestamp, and records the server's exit status in a JSON file.
+# stdlib only; exits with the server's status.
+_INTEROP_LAUNCHER = r'''
+import json, os, signal, subprocess, sys, threading, time
+
+wire_path, exit_path, stderr_path = sys.argv[1], sys.argv[2], sys.argv[3]
+cmd = sys.argv[sys.argv.index("--") + 1:]
+t0 = time.monotonic()
+lock = threading.Lock()
+wire = open(wire_path, "ab", buffering=0)
+state = {"eof_at": None, "done": False}
+
+
+def log(tag, data):
+    if not data.endswith(b"\n"):
+        data += b"\n"
+    with lock:
+        wire.write(b"%8.3f %s %s" % (time.monotonic() - t0, tag, data))
+
+
+def record(**info):
+    with lock:
+        if state["done"]:
+            return
+        state["done"] = True
+    eof = state["eof_at"]
+    info["stdin_eof_seen"] = eof is not None
+    info["exit_after_eof_s"] = None if eof is None else round(time.monotonic() - eof, 3)
+    info["a4sx_env"] = sorted(k for k in os.environ if k.startswith("A4SX_"))
+    tmp = exit_path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(info, f)
+    os.replace(tmp, exit_path)
+
+
+child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=open(stderr_path, "ab"))
+
+
+def on_signal(signum, frame):
+    log(b"!!", b"launcher got signal %d while the server was still running" % signum)
+    record(returncode=None, signal=signum)
+    try:
+        child.terminate()
+        child.wait(2)
+    except Exception:
+        child.kill()
+    os._exit(128 + signum)
+
+
+signal.signal(signal.SIGTERM, on_signal)
+signal.signal(signal.SIGINT, on_signal)
+
+
+def pump_in():
+    buf = b""
+    while True:
+        try:
+            chunk = os.read(0, 65536)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            break
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            log(b"->", line)
+            try:
+                child.stdin.write(line + b"\n")
+                child.stdin.flush()
+            except OSError:
+                log(b"!!", b"server stdin is closed (server gone?)")
+    if buf:
+        log(b"->", buf + b"  [no trailing newline]")
+        try:
+            child.stdin.write(buf)
+        except OSError:
+            pass
+    state["eof_at"] = time.monotonic()
+    log(b"..", b"client closed stdin (EOF sent to server)")
+    try:
+        child.stdin.close()
+    except OSError:
+        pass
+
+
+def pump_out():
+    while True:
+        line = child.stdout.readline()
+        if not line:
+            break
+        log(b"<-", line)
+        try:
+            os.write(1, line)
+        except OSError:
+            pass
+    log(b"..", b"server closed stdout")
+
+
+threading.Thread(target=pump_in, daemon=True).start()
+out_thread = threading.Thread(target=pump_out, daemon=True)
+out_thread.start()
+rc = child.wait()
+out_thread.join(5)
+log(b"..", b"server exited with status %d" % rc)
+record(returncode=rc, signal=None)
+os._exit(rc if 0 <= rc < 256 else 1)
+'''
+
+# The TypeScript client: prints ONE JSON line of findings on stdout.
+_INTEROP_TS_CLIENT = r'''
+import { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
+import { LATEST_PROTOCOL_VERSION } from '@modelcontextprotocol/sdk/types.js';
+
+const cfg = JSON.parse(process.argv[2]);
+const opts = { timeout: cfg.timeoutMs };
+const out = { client: 'typescript', latestProtocolVersion: LATEST_PROTOCOL_VERSION };
+
+function res(r) {
+  return { isError: r.isError ?? false, structuredContent: r.structuredContent ?? null,
+           content: r.content ?? null };
+}
+function err(e) {
+  return { exception: String((e && e.stack) || e), code: e && e.code !== undefined ? e.code : null };
+}
+async function step(name, fn) {
+  try { out[name] = await fn(); } catch (e) { out[name] = err(e); }
+}
+
+const transport = new StdioClientTransport({
+  command: cfg.command, args: cfg.args, env: cfg.env, stderr: 'inherit',
+});
+// Client.connect() hands the negotiated version to transport.setProtocolVersion() when the
+// transport has one (the HTTP transports do; stdio does not): hook it to learn the version.
+transport.setProtocolVersion = (v) => { out.protocolVersion = v; };
+const client = new Client({ name: 'a4sx-interop-ts', version: '0.0.0' }, { capabilities: {} });
+try {
+  await client.connect(transport, opts);
+  out.serverInfo = client.getServerVersion() ?? null;
+  await step('tools', async () => {
+    const names = [];
+    let cursor;
+    for (let i = 0; i < 10; i++) {
+      const r = await client.listTools(cursor ? { cursor } : undefined, opts);
+      names.push(...r.tools.map((t) => t.name));
+      cursor = r.nextCursor;
+      if (!cursor) break;
+    }
+    return names;
+  });
+  await step('search', async () => res(await client.callTool(
+    { name: 'search_sessions', arguments: { query: 'pytest' } }, undefined, opts)));
+  await step('limit0', async () => res(await client.callTool(
+    { name: 'search_sessions', arguments: { limit: 0 } }, undefined, opts)));
+  await step('publish', async () => res(await client.callTool(
+    { name: 'publish_session', arguments: { transcript: '{}' } }, undefined, opts)));
+} catch (e) {
+  out.connect = err(e);
+} finally {
+  try { await client.close(); out.closed = true; } catch (e) { out.close = err(e); }
+}
+process.stdout.write(JSON.stringify(out) + '\n', () => process.exit(0));
+'''
+
+
+def _interop_missing(what):
+    if os.environ.get("CI"):
+        pytest.fail("interop client unavailable in CI: " + what)
+    pytest.skip("interop client unavailable: " + what)
+
+
+class _InteropServer:
+    """The server command line (through the relay launcher) plus its diagnostics files."""
+
+    def __init__(self, tmp_path, base):
+        self.dir = tmp_path
+        home = tmp_path / "interop-home"
+        config = tmp_path / "a4sx-config"
+        home.mkdir()
+        config.mkdir()
+        launcher = tmp_path / "interop_launcher.py"
+        launcher.write_text(_INTEROP_LAUNCHER)
+        self.wire = tmp_path / "wire.log"
+        self.exit = tmp_path / "exit.json"
+        self.stderr = tmp_path / "server.stderr"
+        self.command = sys.executable
+        self.args = [
+            str(launcher), str(self.wire), str(self.exit), str(self.stderr), "--",
+            sys.executable, str(INTEROP_SERVER), "--base", base,
+        ]
+        # Both SDKs pass only HOME, LOGNAME, PATH, SHELL, TERM, USER from the parent plus this
+        # env, so no A4SX_* variable of the test process reaches the server.
+        self.env = {"HOME": str(home), "A4SX_CONFIG_DIR": str(config),
+                    # the offline guard (sitecustomize) follows the server into this environment too
+                    "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+                    "TEST_OFFLINE_GUARD_LOG": os.environ.get("TEST_OFFLINE_GUARD_LOG", "")}
+
+    def _read(self, path, limit=20000):
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            return "<missing>"
+        return text if len(text) <= limit else "...[cut]...\n" + text[-limit:]
+
+    def diag(self):
+        return (
+            "\n--- wire.log (-> client to server, <- server to client) ---\n" + self._read(self.wire)
+            + "\n--- server stderr ---\n" + self._read(self.stderr, 6000)
+            + "\n--- exit.json ---\n" + self._read(self.exit)
+        )
+
+    def client_methods(self):
+        methods = []
+        for line in self._read(self.wire, 10**7).splitlines():
+            parts = line.split(None, 2)
+            if len(parts) == 3 and parts[1] == "->":
+                try:
+                    methods.append(json.loads(parts[2]).get("method"))
+                except ValueError:
+                    methods.append("<not json>")
+        return methods
+
+    def exit_info(self, wait_s=5.0):
+        deadline = time.monotonic() + wait_s
+        while not self.exit.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        try:
+            return json.loads(self.exit.read_text())
+        except (OSError, ValueError):
+            return None
+
+
+@pytest.fixture
+def interop_stub():
+    if str(INTEROP_REPO) not in sys.path:
+        sys.path.insert(0, str(INTEROP_REPO))
+    stub_server = importlib.import_module("stub_server")
+    stub = stub_server.Stub()
+    if hasattr(stub, "__enter__"):
+        stub = stub.__enter__() or stub
+        stop = lambda: stub.__exit__(None, None, None)  # noqa: E731
+    else:
+        if hasattr(stub, "start"):
+            stub.start()
+        stop = getattr(stub, "stop", None) or getattr(stub, "close", None) or (lambda: None)
+    row = stub_server.listing("l-1", title="pytest fixtures")
+    if isinstance(stub.listings, dict):
+        stub.listings[row["id"]] = row
+    else:
+        stub.listings.append(row)
+    try:
+        yield stub
+    finally:
+        stop()
+
+
+@pytest.fixture
+def interop_server(tmp_path, interop_stub):
+    return _InteropServer(tmp_path, interop_stub.base)
+
+
+def _interop_check(found, srv, expected_version, expected_first, forbidden=()):
+    print("interop %s: negotiated protocol version %s (first request: %s)" % (
+        found.get("client"), found.get("protocolVersion"), (srv.client_methods() or [None])[0]))
+    ctx = "\nfindings: " + json.dumps(found, indent=1, default=str)[:6000] + srv.diag()
+    assert "connect" not in found, "connect failed" + ctx
+    methods = srv.client_methods()
+    assert methods and methods[0] == expected_first, "unexpected first request" + ctx
+    for m in forbidden:
+        assert m not in methods, "client fell back to %r" % m + ctx
+    assert found.get("protocolVersion") == expected_version, "negotiated version" + ctx
+    assert found.get("tools") == INTEROP_TOOLS, "tools/list names/order" + ctx
+
+    search = found.get("search") or {}
+    assert search.get("isError") is False, "search_sessions {query} failed" + ctx
+    sc = search.get("structuredContent")
+    assert isinstance(sc, dict) and isinstance(sc.get("items"), list), "search structuredContent" + ctx
+    assert [i.get("id") for i in sc["items"]] == ["l-1"], "search items" + ctx
+
+    for key, code in (("limit0", "invalid_arguments"), ("publish", "not_signed_in")):
+        r = found.get(key) or {}
+        assert r.get("isError") is True, "%s: expected an isError result" % key + ctx
+        assert (r.get("structuredContent") or {}).get("error") == code, "%s error code" % key + ctx
+        texts = [c.get("text") for c in (r.get("content") or []) if c.get("type") == "text"]
+        assert texts and texts[0], "%s: message as text content" % key + ctx
+
+    assert "close" not in found, "close failed" + ctx
+    info = srv.exit_info()
+    assert info is not None, "server exit status was not recorded" + ctx
+    assert info.get("signal") is None and info.get("returncode") == 0, "server exit" + ctx
+    assert info.get("stdin_eof_seen") is True, "server exited before stdin closed" + ctx
+    assert info.get("a4sx_env") == ["A4SX_CONFIG_DIR"], "server environment" + ctx
+
+
+async def _interop_python_session(srv, mode):
+    import mcp
+    from mcp.client.stdio import stdio_client
+
+    found = {"client": "python-" + mode}
+
+    def res(r):
+        return {
+            "isError": bool(r.is_error),
+            "structuredContent": r.structured_content,
+            "content": [c.model_dump(mode="json", by_alias=True) for c in r.content],
+        }
+
+    async def step(name, fn):
+        try:
+            found[name] = await fn()
+        except Exception as e:  # noqa: BLE001 - recorded, asserted later
+            found[name] = {"exception": repr(e)}
+
+    params = mcp.StdioServerParameters(command=srv.command, args=srv.args, env=srv.env)
+    with open(srv.dir / "launcher.stderr", "w") as errlog:
+        # stdio_client(errlog=...) instead of Client(StdioServerParameters): the default errlog is
+        # the sys.stderr of import time, which need not have a file descriptor under pytest.
+        client = mcp.Client(stdio_client(params, errlog=errlog), mode=mode,
+                            read_timeout_seconds=INTEROP_REQUEST_TIMEOUT_S)
+        try:
+            async with client:
+                found["protocolVersion"] = client.protocol_version
+                info = client.server_info
+                found["serverInfo"] = info.model_dump(mode="json") if info is not None else None
+
+                async def tools():
+                    names, cursor = [], None
+                    for _ in range(10):
+                        page = await client.list_tools(cursor=cursor)
+                        names += [t.name for t in page.tools]
+                        cursor = page.next_cursor
+                        if not cursor:
+                            break
+                    return names
+
+                await step("tools", tools)
+                await step("search", lambda: client.call_tool("search_sessions", {"query": "pytest"}))
+                await step("limit0", lambda: client.call_tool("search_sessions", {"limit": 0}))
+                await step("publish", lambda: client.call_tool("publish_session", {"transcript": "{}"}))
+                for key in ("search", "limit0", "publish"):
+                    if not (isinstance(found[key], dict) and "exception" in found[key]):
+                        found[key] = res(found[key])
+        except Exception as e:  # noqa: BLE001
+            if "protocolVersion" in found:
+                found["close"] = {"exception": repr(e)}
+            else:
+                found["connect"] = {"exception": repr(e)}
+    return found
+
+
+@pytest.mark.parametrize(
+    "mode, expected_version, expected_first, forbidden",
+    [
+        ("auto", "2026-07-28", "server/discover", ("initialize",)),
+        ("legacy", "2025-11-25", "initialize", ("server/discover",)),
+        ("2026-07-28", "2026-07-28", "tools/list", ("initialize", "server/discover")),
+    ],
+)
+def test_interop_python_sdk(interop_server, mode, expected_version, expected_first, forbidden):
+    try:
+        import anyio
+        import mcp  # noqa: F401
+    except ImportError as e:
+        _interop_missing("python package mcp==2.3.0 (%s)" % e)
+
+    async def main():
+        with anyio.fail_after(INTEROP_TIMEOUT_S):
+            return await _interop_python_session(interop_server, mode)
+
+    try:
+        found = anyio.run(main)
+    except BaseException as e:  # noqa: BLE001 - timeouts and exception groups
+        pytest.fail("python client (%s) crashed: %r%s" % (mode, e, interop_server.diag()))
+    _interop_check(found, interop_server, expected_version, expected_first, forbidden)
+
+
+def _interop_node_modules():
+    default = INTEROP_REPO / ".interop" / "node_modules"
+    return Path(os.environ.get("A4SX_INTEROP_NODE_MODULES") or default).resolve()
+
+
+def test_interop_typescript_sdk(interop_server, tmp_path):
+    node = shutil.which("node")
+    if node is None:
+        _interop_missing("node is not on PATH")
+    modules = _interop_node_modules()
+    pkg = modules / "@modelcontextprotocol" / "sdk" / "package.json"
+    if not pkg.exists():
+        _interop_missing("%s not found (npm install @modelcontextprotocol/sdk@1.32)" % pkg)
+    sdk_version = json.loads(pkg.read_text())["version"]
+
+    # The script imports the SDK by package name: a node_modules symlink next to it makes
+    # node's ESM resolution (which ignores NODE_PATH) find it.
+    workdir = tmp_path / "ts"
+    workdir.mkdir()
+    (workdir / "node_modules").symlink_to(modules, target_is_directory=True)
+    script = workdir / "interop_client.mjs"
+    script.write_text(_INTEROP_TS_CLIENT)
+    cfg = {
+        "command": interop_server.command,
+        "args": interop_server.args,
+        "env": interop_server.env,
+        "timeoutMs": int(INTEROP_REQUEST_TIMEOUT_S * 1000),
+    }
+    try:
+        proc = subprocess.run([node, str(script), json.dumps(cfg)], cwd=str(workdir),
+                              capture_output=True, text=True, timeout=INTEROP_TIMEOUT_S)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail("node client timed out: stderr=%s%s" % (e.stderr, interop_server.diag()))
+    lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
+    try:
+        found = json.loads(lines[-1])
+    except (IndexError, ValueError):
+        pytest.fail("node client printed no findings (rc %s)\nstdout=%s\nstderr=%s%s" % (
+            proc.returncode, proc.stdout, proc.stderr, interop_server.diag()))
+    found["sdkVersion"] = sdk_version
+    # 1.32.x negotiates with its LATEST_PROTOCOL_VERSION (dist/esm/types.js): 2025-11-25.
+    expected = "2025-11-25" if sdk_version.startswith("1.32.") else found.get("latestProtocolVersion")
+    assert found.get("latestProtocolVersion") == expected
+    _interop_check(found, interop_server, expected, "initialize", ("server/discover",))
+
+
+# ---------------------------------------------------------------------------------------------
+# Ready for users: --check, the offline demo, install paths, server.json, README, Python 3.9
+# ---------------------------------------------------------------------------------------------
+
+
+def run_check(base, extra_env=None):
+    environ = dict(os.environ, **(extra_env or {}))
+    args = [sys.executable, SERVER, "--check"] + (["--base", base] if base else [])
+    return subprocess.run(args, capture_output=True, text=True, timeout=60, env=environ, stdin=subprocess.DEVNULL)
+
+
+def test_check_all_well(stub, token):
+    done = run_check(stub.base)
+    assert done.returncode == 0, done.stdout
+    out = done.stdout
+    assert "server:     %s (from the --base flag)" % stub.base in out
+    assert "sign-in:    found for this server (credentials.json)" in out
+    assert "answers:    yes" in out and "accepted:   yes" in out and "all is well" in out
+    assert "a4sx SDK:   0.11" in out and "requests 240/min, acquire 20/min, publish 10/min" in out
+    assert token not in out + done.stderr
+
+
+def test_check_signed_out_and_env_base(stub, monkeypatch):
+    monkeypatch.setenv("A4SX_BASE", stub.base)
+    done = run_check(None, {"A4SX_MCP_PER_MIN": "0"})
+    assert done.returncode == 1
+    assert "(from $A4SX_BASE)" in done.stdout and "none for this server" in done.stdout
+    assert "to fix: sign in: run `a4sx login --base %s`" % stub.base in done.stdout
+    assert "requests off" in done.stdout
+
+
+def test_check_token_not_accepted_and_stored_base(stub, env):
+    (env["cfg"] / "config.json").write_text(json.dumps({"base": stub.base}))
+    token = sign_in(env, stub.base)  # not in stub.tokens: refused
+    done = run_check(None)
+    assert done.returncode == 1 and "from the server you signed in to last" in done.stdout
+    assert "accepted:   no (/accounts/me answered HTTP 401)" in done.stdout and "expired or revoked" in done.stdout
+    assert token not in done.stdout + done.stderr
+
+
+def test_check_server_down_and_sdk_missing(without_sdk):
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    done = run_check("http://127.0.0.1:%d" % port, without_sdk)
+    assert done.returncode == 1
+    assert "answers:    no (the a4sx server refused the connection)" in done.stdout
+    assert "a4sx SDK:   not installed" in done.stdout and "pip install 'a4sx>=0.11,<0.12'" in done.stdout
+
+
+def test_offline_demo_drives_all_five_tools(tmp_path):
+    demo = subprocess.Popen([sys.executable, os.path.join(HERE, "stub_server.py"), "--demo", "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        while True:
+            line = demo.stdout.readline()
+            assert line, "demo ended early"
+            lines.append(line)
+            if line.rstrip() == "}":
+                break
+        text = "".join(lines)
+        config = json.loads(text[text.index("{"):])["mcpServers"]["a4sx-demo"]
+        exports = dict(re.findall(r"^export (A4SX_\w+)=(\S+)$", text, re.M))
+        assert exports == config["env"]
+        assert config["args"] == [SERVER]
+        proc = McpProcess(base=None, extra_env=config["env"])
+        assert proc.initialize()["result"]["serverInfo"]["name"] == "a4sx-mcp"
+        found, _, _ = proc.tool("search_sessions", {})
+        ids = [row["id"] for row in found["items"]]
+        assert len(ids) >= 4
+        assert not proc.tool("get_session_summary", {"id": ids[0]})[2]
+        free = next(row for row in found["items"] if row["free"] and row["resumable"])
+        acquired, _, _ = proc.tool("acquire_session", {"id": free["id"], "tenant": free["tenant"]})
+        assert acquired["status"] == "acquired"
+        paid = next(row for row in found["items"] if not row["free"])
+        assert proc.tool("acquire_session", {"id": paid["id"]})[0]["status"] == "payment_required"
+        library, _, _ = proc.tool("search_sessions", {"scope": "library"})
+        assert library["total"] >= 3
+        for row in library["items"]:
+            context, text, is_error = proc.tool("fetch_session_context", {"id": row["id"], "include_tool_calls": True})
+            assert not is_error and context["turns_total"] > 0, row["id"]
+        saved, _, is_error = proc.tool("publish_session", {"transcript": cc_transcript("demo-new"), "title": "demo"})
+        assert not is_error and saved["status"] == "saved"
+        assert proc.close() == 0
+    finally:
+        demo.terminate()
+        demo.wait(10)
+
+
+def test_server_json_is_valid_and_matches_the_package():
+    import jsonschema
+
+    schema = json.load(open("/work/shared/mcp-registry/server.schema.json")) if os.path.exists(
+        "/work/shared/mcp-registry/server.schema.json") else json.load(
+        open(os.path.join(HERE, "..", "shared", "mcp-registry", "server.schema.json")))
+    document = json.load(open(os.path.join(HERE, "server.json")))
+    jsonschema.validators.validator_for(schema)(schema).validate(document)
+    assert document["name"] == "com.session-exchange/sessions"
+    assert document["version"] == a4sx_mcp.__version__
+    package = document["packages"][0]
+    assert package["registryType"] == "pypi" and package["identifier"] == "a4sx-mcp"
+    assert package["version"] == a4sx_mcp.__version__ and package["runtimeHint"] == "uvx"
+    assert package["transport"] == {"type": "stdio"}
+    assert document["remotes"] == [{"type": "streamable-http", "url": "https://session-exchange.com/mcp"}]
+    pyproject = open(os.path.join(HERE, "pyproject.toml")).read()
+    assert 'version = "%s"' % a4sx_mcp.__version__ in pyproject
+    assert "<!-- mcp-name: com.session-exchange/sessions -->" in open(os.path.join(HERE, "README.md")).read()
+
+
+def readme_blocks(kind):
+    text = open(os.path.join(HERE, "README.md")).read()
+    return re.findall(r"```%s\n(.*?)```" % kind, text, re.S)
+
+
+def test_readme_snippets_parse_and_name_real_flags_and_variables():
+    for block in readme_blocks("json"):
+        config = json.loads(block)
+        servers = config.get("mcpServers") or config.get("servers")
+        assert servers["a4sx"]["command"] == "uvx" and servers["a4sx"]["args"] == ["a4sx-mcp"]
+    flags = set(re.findall(r"--[a-z-]+", a4sx_mcp.USAGE))
+    source = open(SERVER).read()
+    shell = readme_blocks("sh")
+    assert shell
+    for block in shell:
+        for line in block.strip().splitlines():
+            command = line.split("#")[0].strip()
+            assert command, line
+            for part in command.split("&&"):
+                words = part.split()
+                at = [i for i, w in enumerate(words) if w in ("a4sx-mcp", "a4sx_mcp.py", "a4sx_mcp")]
+                if at:  # the flags given to our program (not to claude, uvx or pip)
+                    used = [w for w in words[at[-1] + 1:] if w.startswith("-")]
+                    assert set(used) <= flags, (line, used)
+    readme = open(os.path.join(HERE, "README.md")).read()
+    for name in set(re.findall(r"\bA4SX_[A-Z_]+\b", readme)):
+        assert '"%s"' % name in source, name
+    assert "python -m pip install -e '.[test]'" in readme and "python -m pytest -q" in readme
+    ci = open(os.path.join(HERE, ".ci", "run")).read()
+    dev = readme.split("## Development", 1)[1]
+    for line in readme_blocks("sh")[-2].strip().splitlines():
+        assert line in ci, "CI must run the README's development commands: " + line
+    assert "python -m pytest -q" in ci and dev
+
+
+def test_shipped_files_need_nothing_newer_than_python_3_9():
+    vermin = os.path.join(os.path.dirname(sys.executable), "vermin")
+    done = subprocess.run([vermin if os.path.exists(vermin) else "vermin", "--target=3.9-", "--no-tips", "--violations",
+                           "--eval-annotations", "--backport", "typing", SERVER,
+                           os.path.join(HERE, "stub_server.py")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "Target versions not met" not in done.stdout, done.stdout + done.stderr
+    assert 'requires-python = ">=3.9"' in open(os.path.join(HERE, "pyproject.toml")).read()
+
+
+@pytest.mark.parametrize("version", ["3.9", "3.10", "3.12", "3.13"])
+def test_runs_under_other_pythons_when_present(version, stub, tmp_path):
+    import glob
+    import pwd
+    import shutil
+
+    pyenv = os.environ.get("PYENV_ROOT") or os.path.join(pwd.getpwuid(os.getuid()).pw_dir, ".pyenv")
+    candidates = sorted(glob.glob(os.path.join(pyenv, "versions", version + ".*", "bin", "python" + version)))
+    candidates += [p for p in [shutil.which("python" + version)] if p]
+    python = next((p for p in candidates if subprocess.run([p, "-c", "pass"], capture_output=True).returncode == 0),
+                  None)
+    if not python:
+        pytest.skip("python%s is not installed here" % version)
+    (tmp_path / "a4sx_mcp.py").write_bytes(open(SERVER, "rb").read())
+    stub.listings["l-1"] = listing("l-1")
+    messages = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18"}},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "search_sessions", "arguments": {}}},
+        {"jsonrpc": "2.0", "id": 3, "method": "server/discover", "params": {"_meta": MODERN_META}},
+    ]
+    done = subprocess.run([python, str(tmp_path / "a4sx_mcp.py"), "--base", stub.base],
+                          input="".join(json.dumps(m) + "\n" for m in messages).encode(), capture_output=True,
+                          timeout=60, cwd=str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    answers = {m["id"]: m for m in map(json.loads, done.stdout.decode().splitlines())}
+    assert answers[2]["result"]["structuredContent"]["items"][0]["id"] == "l-1"
+    assert answers[3]["result"]["supportedVersions"] == [MODERN]
