@@ -589,8 +589,26 @@ def _tool_json(value):
         return ""
 
 
+def bounded(text, cap, transform):
+    """``clip(transform(text), cap)`` computed on a prefix when the text is long: a 1 MB tool result
+    that ends up as 300 characters is not collapsed or escaped whole. (The transforms only look
+    back a few characters, so a prefix whose result is comfortably longer than ``cap`` gives the
+    same first ``cap`` characters as the whole text.)"""
+    size = cap * 2
+    while size < len(text):
+        out = transform(text[:size])
+        if len(out) > cap + 16:
+            return clip(out, cap)
+        size *= 4
+    return clip(transform(text), cap)
+
+
+def _collapsed(text):
+    return _WHITESPACE.sub(" ", text).strip()
+
+
 def _tool_line(kind, detail):
-    return "[%s: %s]" % (kind, clip(_WHITESPACE.sub(" ", detail).strip(), TOOL_LINE_CAP))
+    return "[%s: %s]" % (kind, bounded(detail, TOOL_LINE_CAP, _collapsed))
 
 
 def _block_text(content):
@@ -658,19 +676,16 @@ def canonical_turns(doc, tools):
     return turns
 
 
-# Cheap exact pre-filter for JSONL records: a record can only be a turn if its text holds a
-# "user" or "assistant" string token. A record without either substring (and without a \u escape
-# that could spell one) is skipped unparsed: that is most of a long session's bytes
-# (progress, file snapshots, system records).
-_TURN_TOKEN = re.compile(r'"(?:user|assistant)"|\\u')
-
-
-def claude_turns(text, tools):
+def claude_turns(data, tools):
+    """Turns of a Claude Code JSONL transcript (bytes). A record can only be a turn if it holds a
+    "user" or "assistant" string token (or a \\u escape that could spell one), so lines without
+    one are skipped unparsed and undecoded: an exact test, and most of a long session's records
+    (progress, snapshots, system records) never cost a parse."""
     turns = []
-    for line in jsonl_lines(text):
-        if not _TURN_TOKEN.search(line):
+    for line in data.split(b"\n"):
+        if b'"user"' not in line and b'"assistant"' not in line and b"\\u" not in line:
             continue
-        record = parse_record(line)
+        record = parse_record(line.decode("utf-8", "replace"))
         if isinstance(record, dict):
             turn = claude_turn(record, tools)
             if turn:
@@ -691,12 +706,12 @@ def pick_transcript(bundle):
 
     def decoded(path):
         try:
-            return base64.b64decode(files[path]).decode("utf-8", "replace")
+            return base64.b64decode(files[path])
         except (ValueError, TypeError):
             return None
 
     if "canonical.json" in files:
-        doc = parse_record(decoded("canonical.json") or "")
+        doc = parse_record((decoded("canonical.json") or b"").decode("utf-8", "replace"))
         fmt = doc.get("format") if isinstance(doc, dict) else None
         if (isinstance(fmt, str) and re.match(r"^a4sx\.session/0\.\d+$", fmt)
                 and isinstance(doc.get("turns"), list)):
@@ -711,42 +726,53 @@ def pick_transcript(bundle):
 
 def render_context(title, turns, max_tokens, untrusted):
     """The fetch text: notice, envelope, title, the first user turn and the newest turns that fit in
-    ``max_tokens × 4`` characters, with a marker saying how many turns were left out."""
+    ``max_tokens × 4`` characters, with a marker saying how many turns were left out. Turns are
+    escaped only when they are looked at: newest first, until the budget is full."""
     nonce = new_nonce()
     title_line = "Title: " + (one_line(title or "", 200) or "(untitled)")
-    rendered = ["\n### %s\n%s" % ("User" if role == "user" else "Assistant", clip(neutralize(text), TURN_CAP))
-                for role, text in turns]
-    clipped = any(len(neutralize(text)) > TURN_CAP for _, text in turns)
-    frame = len(envelope(nonce, [title_line], untrusted)) + 1
-    budget = max_tokens * 4
-    if not rendered:
-        body = [title_line, "", "(this session has no readable turns)"]
-        return envelope(nonce, body, untrusted), 0, False
-    if frame + sum(len(r) + 1 for r in rendered) <= budget:
-        return envelope(nonce, [title_line] + rendered, untrusted), len(rendered), clipped
+    if not turns:
+        return envelope(nonce, [title_line, "", "(this session has no readable turns)"], untrusted), 0, False
+    cache = {}
+
+    def rendered(i):
+        if i not in cache:
+            role, text = turns[i]
+            body = bounded(text, TURN_CAP, neutralize)
+            cache[i] = ("\n### %s\n%s" % ("User" if role == "user" else "Assistant", body), body.endswith(ELLIPSIS)
+                        and len(body) == TURN_CAP)
+        return cache[i][0]
+
+    room = max_tokens * 4 - len(envelope(nonce, [title_line], untrusted)) - 1
+    used, fits = 0, True
+    for i in range(len(turns) - 1, -1, -1):
+        used += len(rendered(i)) + 1
+        if used > room:
+            fits = False
+            break
+    if fits:
+        cut = any(cache[i][1] for i in cache)
+        return envelope(nonce, [title_line] + [rendered(i) for i in range(len(turns))], untrusted), len(turns), cut
     first_user = next((i for i, (role, _) in enumerate(turns) if role == "user"), 0)
-    marker_room = 80
-    room = budget - frame - marker_room
-    head = rendered[first_user]
+    room -= 80  # the omitted-turns marker
+    head = rendered(first_user)
     if len(head) + 1 > room // 2:
         head = clip(head, max(room // 2 - 1, 0))
     room -= len(head) + 1
     tail = []
-    for i in range(len(rendered) - 1, first_user, -1):
-        if len(rendered[i]) + 1 > room:
+    for i in range(len(turns) - 1, first_user, -1):
+        if len(rendered(i)) + 1 > room:
             if not tail and room > 40:  # not even the newest turn fits whole: keep its start
-                tail.append(clip(rendered[i], room - 1))
+                tail.append(clip(rendered(i), room - 1))
                 room = 0
             break
-        tail.append(rendered[i])
-        room -= len(rendered[i]) + 1
+        tail.append(rendered(i))
+        room -= len(rendered(i)) + 1
     tail.reverse()
-    omitted = len(rendered) - 1 - len(tail)
+    omitted = len(turns) - 1 - len(tail)
     body = [title_line, head]
     if omitted:
         body.append("\n[%d turn%s omitted here to fit the context budget]" % (omitted, "" if omitted == 1 else "s"))
-    body += tail
-    return envelope(nonce, body, untrusted), 1 + len(tail), True
+    return envelope(nonce, body + tail, untrusted), 1 + len(tail), True
 
 
 # =============================================================================================
