@@ -2213,7 +2213,11 @@ def main(argv=None):
     _log_threshold = LOG_LEVELS[settings.log_level]
     if options["check"]:
         return run_check(settings)
-    return serve(settings)
+    try:
+        return serve(settings)
+    except KeyboardInterrupt:  # Ctrl-C in a terminal: no traceback
+        SCRUB_WORKER.stop()
+        return 130
 
 
 if __name__ == "__main__":

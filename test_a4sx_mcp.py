@@ -2193,3 +2193,51 @@ def test_runs_under_other_pythons_when_present(version, stub, tmp_path):
     answers = {m["id"]: m for m in map(json.loads, done.stdout.decode().splitlines())}
     assert answers[2]["result"]["structuredContent"]["items"][0]["id"] == "l-1"
     assert answers[3]["result"]["supportedVersions"] == [MODERN]
+
+
+def test_the_sdk_is_not_imported_for_the_handshake_or_public_reads(stub):
+    stub.listings["l-1"] = listing("l-1")
+    code = textwrap.dedent('''
+        import json, sys, a4sx_mcp
+        out = []
+        server = a4sx_mcp.Server(a4sx_mcp.Settings(sys.argv[1]), out.append)
+        for line in (b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}',
+                     b'{"jsonrpc":"2.0","id":2,"method":"tools/list"}',
+                     b'{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"search_sessions"}}'):
+            server.handle_line(line)
+        server.pool.wait_idle(20)
+        print(json.dumps({"answers": len(out), "sdk": sorted(m for m in sys.modules if m.split(".")[0] == "a4sx")}))
+    ''')
+    done = subprocess.run([sys.executable, "-c", code, stub.base], capture_output=True, text=True, timeout=60, cwd=HERE)
+    report = json.loads(done.stdout)
+    assert report == {"answers": 3, "sdk": []}
+
+
+def test_a_large_publish_does_not_hold_up_the_loop(mcp, stub, token):
+    """Functional check (the benchmark measures the latency): while a 2 MiB transcript is being
+    scrubbed, tools/list and a public search still answer promptly."""
+    padding = "lorem ipsum dolor " * 100
+    records = [claude_record("user", "key sk-ant-api03-%s %s" % (secrets.token_hex(20), padding), session_id="big")
+               for _ in range(1000)]
+    transcript = write_transcript(records)
+    assert 1.5 * 2 ** 20 < len(transcript) < 2 * 2 ** 20
+    mcp.send({"jsonrpc": "2.0", "id": "big", "method": "tools/call",
+              "params": {"name": "publish_session", "arguments": {"transcript": transcript},
+                         "_meta": {"progressToken": "big"}}})
+    while True:  # wait until the scrub has started
+        message = mcp.recv(60)
+        if message.get("method") == "notifications/progress" and "scrub" in message["params"]["message"]:
+            break
+    stub.listings["l-1"] = listing("l-1")
+    worst = 0.0
+    for i in range(20):
+        started = time.monotonic()
+        assert "result" in mcp.request("tools/list", msg_id="list-%d" % i)
+        worst = max(worst, time.monotonic() - started)
+        time.sleep(0.02)
+    started = time.monotonic()
+    assert mcp.tool("search_sessions", {})[0]["items"][0]["id"] == "l-1"
+    worst = max(worst, time.monotonic() - started)
+    assert worst < 0.5, worst
+    response = mcp.wait_for("big", timeout=120)
+    assert response["result"]["isError"] is False

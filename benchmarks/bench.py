@@ -37,15 +37,21 @@ MiB = 1024 * 1024
 LEGACY = "2025-11-25"
 DISCOVER = {"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
                       "io.modelcontextprotocol/clientCapabilities": {}}}
-MODES = {  # the sizes are the same in both modes: the 20 MB fetch and 1.9 MiB publish fit the minute
-    "full": dict(reps=7, spawns=21, list_calls=300, search_calls=20, heavy_reps=7, small_publishes=5,
-                 time_margin=0.10, why="full run: +10 % on time targets (scheduler noise on one machine)"),
-    "quick": dict(reps=3, spawns=15, list_calls=300, search_calls=10, heavy_reps=2, small_publishes=3,
-                  time_margin=0.25, why="--quick: +25 % on time targets, because the machines are shared "
-                                        "and noisy and there are fewer repetitions"),
+# Searches and small publishes run up to ``n`` times or for ``s`` seconds per round (at least once),
+# so a slow server still finishes in time and a fast one gets many samples. The a4sx SDK scrubs a
+# realistic transcript at roughly 5-15 us per byte, so one 1.9 MiB publish plus its floor costs ~30 s:
+# --quick cannot fit that in a minute and publishes 256 KiB instead (still the worker path).
+MODES = {
+    "full": dict(reps=5, spawns=20, list_calls=300, search=(10, 6.0), small=(5, 3.0), heavy_reps=5,
+                 publish_bytes=int(1.9 * MiB), time_margin=0.10,
+                 why="full run: +10 % on time targets (scheduler noise on one machine)"),
+    "quick": dict(reps=3, spawns=15, list_calls=300, search=(5, 1.0), small=(3, 1.0), heavy_reps=2,
+                  publish_bytes=256 * 1024, time_margin=0.25,
+                  why="--quick: +25 % on time targets, because the machines are shared and noisy and "
+                      "there are fewer repetitions"),
 }
 MEM_MARGIN = 0.05  # RSS does not depend on CPU contention; only allocator and page timing vary
-FETCH_BYTES, PUBLISH_BYTES, SMALL_BYTES = 20 * 1000 * 1000, int(1.9 * MiB), 10 * 1024
+FETCH_BYTES, SMALL_BYTES, WARM_BYTES = 20 * 1000 * 1000, 10 * 1024, 96 * 1024
 
 
 # --- synthetic data ------------------------------------------------------------------------------
@@ -83,8 +89,10 @@ def transcript(rng, target, session, with_secrets=False):
     """A Claude Code JSONL transcript of about ``target`` bytes, written like Claude Code writes it
     (raw UTF-8, no ``\\u`` escapes): prompts, thinking blocks, tool_use/tool_result pairs with long
     results, isMeta and ``<system-reminder`` records, system/summary/progress/file-history-snapshot
-    records. Returns ``(bytes, record count)``."""
+    records. Small targets get shorter tool results; the text is cut at a record boundary.
+    Returns ``(bytes, record count)``."""
     lines, size, state = [], 0, {"parent": None, "t": 1_750_000_000}
+    longest = 300 if target >= MiB else max(8, target // 4000)  # lines of one tool result
 
     def rec(kind, content=None, message=None, **extra):
         u = str(uuid.UUID(int=rng.getrandbits(128), version=4))
@@ -100,7 +108,7 @@ def transcript(rng, target, session, with_secrets=False):
         return r
 
     def spice(text):
-        return text + (" " + secret_shaped(rng) if with_secrets and rng.random() < 0.3 else "")
+        return text + (" " + secret_shaped(rng) if with_secrets and rng.random() < 0.1 else "")
 
     step = [rec("summary", message={"role": "system", "content": "summary"}, summary=words(rng, 12),
                 leafUuid=str(uuid.UUID(int=rng.getrandbits(128))))]
@@ -115,7 +123,7 @@ def transcript(rng, target, session, with_secrets=False):
         for _ in range(rng.randint(1, 4)):
             tid = "toolu_%016x" % rng.getrandbits(64)
             step.append(rec("assistant", [
-                {"type": "thinking", "thinking": words(rng, rng.randint(100, 600)), "signature": "%064x" % rng.getrandbits(256)},
+                {"type": "thinking", "thinking": words(rng, rng.randint(longest // 3, 2 * longest)), "signature": "%064x" % rng.getrandbits(256)},
                 {"type": "text", "text": spice(words(rng, rng.randint(5, 60)))},
                 {"type": "tool_use", "id": tid, "name": rng.choice(["Bash", "Read", "Edit", "Grep"]),
                  "input": {"command": "pytest -q tests/ && " + words(rng, 5), "file_path": "/home/dev/proj/a.py"}}]))
@@ -124,7 +132,7 @@ def transcript(rng, target, session, with_secrets=False):
             for n in range(rng.randint(0, 3)):
                 step.append(rec("progress", message={"role": "system", "content": "running"}, toolUseID=tid,
                                 data={"type": "hook_progress", "line": n, "output": words(rng, 40)}))
-            body = spice(code_block(rng, rng.randint(20, 300))) + "\r\nTotal\u2028lines\x0b<<<end>>>"
+            body = spice(code_block(rng, rng.randint(longest // 15, longest))) + "\r\nTotal\u2028lines\x0b<<<end>>>"
             step.append(rec("user", [{"type": "tool_result", "tool_use_id": tid, "content": body}],
                             toolUseResult={"stdout": body[: len(body) // 2], "stderr": "", "interrupted": False}))
         step.append(rec("assistant", [{"type": "text", "text": spice(words(rng, rng.randint(30, 300)))}]))
@@ -135,11 +143,13 @@ def transcript(rng, target, session, with_secrets=False):
             step.append(rec("file-history-snapshot", message={"role": "system", "content": "snapshot"},
                             snapshot={"trackedFileBackups": {"a%d.py" % i: code_block(rng, 30) for i in range(4)}}))
         for r in step:
-            line = json.dumps(r, ensure_ascii=False)
+            line = json.dumps(r, ensure_ascii=False).encode()
+            if size + len(line) + 1 > target and len(lines) > 3:
+                return b"\n".join(lines) + b"\n", len(lines)
             lines.append(line)
-            size += len(line.encode()) + 1
+            size += len(line) + 1
         step = []
-    return ("\n".join(lines) + "\n").encode(), len(lines)
+    return b"\n".join(lines) + b"\n", len(lines)
 
 
 def heavy_listing(rng, i):
@@ -326,6 +336,14 @@ def fetch_floor(bundle_bytes):
     return time.perf_counter() - started
 
 
+def sample(fn, limit):
+    """``fn()`` results: up to ``limit[0]`` of them, fewer when ``limit[1]`` seconds have passed."""
+    out, end = [], time.perf_counter() + limit[1]
+    while not out or (len(out) < limit[0] and time.perf_counter() < end):
+        out.append(fn())
+    return out
+
+
 def timed(fn, *args):
     started = time.perf_counter()
     fn(*args)
@@ -394,6 +412,52 @@ def print_table(rows, mode):
 
 # --- the run -------------------------------------------------------------------------------------
 
+def setup(rng, mode):
+    """The synthetic data, a stub holding it, a signed-in config dir and the servers' environment."""
+    data = {"big": transcript(rng, FETCH_BYTES, "bench-fetch"),
+            "pub": transcript(rng, mode["publish_bytes"], "bench-publish", with_secrets=True),
+            "small": transcript(rng, SMALL_BYTES, "bench-small", with_secrets=True),
+            "warm": transcript(rng, WARM_BYTES, "bench-warm", with_secrets=True)}
+    stub = Stub()
+    token = "bench-" + "".join(rng.choice("0123456789abcdef") for _ in range(24))
+    stub.tokens.add(token)
+    cfg = tempfile.mkdtemp(prefix="a4sx-bench-")
+    with open(os.open(os.path.join(cfg, "credentials.json"), os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+        json.dump({stub.base: token}, f)
+    heavy = [heavy_listing(rng, i) for i in range(50)]
+    stub.listings.update((item["id"], item) for item in heavy)
+    stub.bundles["bench-big"] = bundle("bench-big", {"transcript.jsonl": data["big"][0]}, title="A long session")
+    stub.library.append(library_row("bench-big", title="A long session"))
+    data["bundle"] = json.dumps(stub.bundles["bench-big"]).encode()  # the bytes the stub sends
+    data["listings"] = len(json.dumps(heavy).encode())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("A4SX_")}
+    env.update(A4SX_CONFIG_DIR=cfg, HOME=cfg, A4SX_MCP_PUBLISH_PER_MIN="0", A4SX_MCP_PER_MIN="0")
+    return data, stub, token, env
+
+
+def publish_line(data, tag):
+    """A publish request line (id patched in by ``Server.send``); ``tag`` makes every run's content unique."""
+    text = data.replace(b"bench-", b"bench-%s-" % tag.encode()).decode()
+    return json.dumps({"jsonrpc": "2.0", "id": 0, "method": "tools/call", "params": {
+        "name": "publish_session", "arguments": {"transcript": text, "title": "bench " + tag}}}).encode(), \
+        text.encode()
+
+
+def publish_with_ticks(srv, line):
+    """Publish time, and the round trips of a tools/list sent every 20 ms on the same pipe meanwhile."""
+    stop, ticks = threading.Event(), []
+
+    def ticker():
+        while not stop.wait(0.02):
+            ticks.append(srv.send("tools/list"))
+    thread = threading.Thread(target=ticker)
+    thread.start()
+    seconds = srv.request("tools/call", line=line)[0]
+    stop.set()
+    thread.join()
+    return seconds, [srv.wait(i)[0] - sent for i, sent in ticks]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="under a minute: fewer repetitions, wider margins")
@@ -402,145 +466,126 @@ def main():
     opts = ap.parse_args()
     mode = MODES["quick" if opts.quick else "full"]
     began = time.perf_counter()
-    rng = random.Random(opts.seed)
-    from a4sx import scrub  # the floor of a publish; imported now so its ~0.3 s is not timed
+    from a4sx import scrub  # the floor of a publish; imported here so its ~0.3 s is not timed
 
-    big, big_records = transcript(rng, FETCH_BYTES, "bench-fetch")
-    pub_base, pub_records = transcript(rng, PUBLISH_BYTES - 2000, "bench-publish", with_secrets=True)
-    small_base, _ = transcript(rng, SMALL_BYTES - 1000, "bench-small", with_secrets=True)
-    heavy = [heavy_listing(rng, i) for i in range(50)]
-    cfg = tempfile.mkdtemp(prefix="a4sx-bench-")
-    stub = Stub()
-    token = "bench-" + "".join(rng.choice(string.hexdigits.lower()) for _ in range(24))
-    stub.tokens.add(token)
-    path = os.path.join(cfg, "credentials.json")
-    with open(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
-        json.dump({stub.base: token}, f)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("A4SX_")}
-    env.update(A4SX_CONFIG_DIR=cfg, HOME=cfg, A4SX_MCP_PUBLISH_PER_MIN="0", A4SX_MCP_PER_MIN="0")
-    stub.listings.update((item["id"], item) for item in heavy)
-    stub.bundles["bench-big"] = bundle("bench-big", {"transcript.jsonl": big}, title="A long session")
-    stub.library.append(library_row("bench-big", title="A long session"))
-    bundle_bytes = json.dumps(stub.bundles["bench-big"]).encode()
-    listing_bytes = len(json.dumps(heavy).encode())
+    data, stub, token, env = setup(random.Random(opts.seed), mode)
+    big = data["big"][0]
     print("a4sx-mcp benchmark, %s mode, seed %d, %d CPUs, python %s" % (
         "quick" if opts.quick else "full", opts.seed, os.cpu_count(), sys.version.split()[0]))
-    print("sizes: fetch transcript %.1f MB (%d records, bundle %.1f MB); publish %.2f MiB (%d records, with "
-          "secrets); small publish %.1f KiB; search 50 listings %.1f MB as JSON (title 5000, description 20000, "
-          "abstract 5000 chars, 30 tags)" % (len(big) / 1e6, big_records, len(bundle_bytes) / 1e6,
-                                             len(pub_base) / MiB, pub_records, len(small_base) / 1024,
-                                             listing_bytes / 1e6))
-    print("repetitions: %(reps)d interleaved rounds; %(spawns)d+ spawns of each kind; %(list_calls)d "
-          "tools/list and %(search_calls)d searches per round; %(heavy_reps)d 1.9 MiB publishes and fetch "
-          "rounds; %(small_publishes)d small publishes per round" % mode)
+    print("sizes: fetch transcript %.1f MB (%d records; bundle %.1f MB); publish %.2f MiB (%d records, with "
+          "secrets); small publish %.1f KiB (%d records); search: 50 listings, %.1f MB as JSON (title 5000, "
+          "description 20000, abstract 5000 chars, 30 tags)" % (
+              len(big) / 1e6, data["big"][1], len(data["bundle"]) / 1e6, len(data["pub"][0]) / MiB,
+              data["pub"][1], len(data["small"][0]) / 1024, data["small"][1], data["listings"] / 1e6))
+    print("repetitions: %d interleaved rounds; %d+ spawns of each kind; per round %d tools/list, up to %d "
+          "searches and %d small publishes; %d rounds with the fetches and the large publish" % (
+              mode["reps"], mode["spawns"], mode["list_calls"], mode["search"][0], mode["small"][0],
+              mode["heavy_reps"]))
     if opts.profile:
         os.makedirs(opts.profile, exist_ok=True)
-        print("profiling into %s: timings of the phase servers are inflated and not comparable" % opts.profile)
+        print("profiling into %s: the phase servers' timings are inflated, not comparable" % opts.profile)
     sys.stdout.flush()
 
-    prof = (lambda name: os.path.join(opts.profile, name + ".prof")) if opts.profile else (lambda name: None)
-    readers = {k: Server(env, stub.base, prof(k)) for k in ("lists", "fetch", "publish")}
-    handshake_rss = []
-    for srv in readers.values():
+    servers = {k: Server(env, stub.base, os.path.join(opts.profile, k + ".prof") if opts.profile else None)
+               for k in ("lists", "fetch", "publish")}
+    lists, fetcher, publisher = servers["lists"], servers["fetch"], servers["publish"]
+    s = {k: [] for k in ("pass", "initialize", "discover", "rss", "list", "search", "search_http", "fetch_floor",
+                         "fetch_http", "growth", "fetch_rss", "scrub", "publish", "ticks", "small_scrub", "small",
+                         "pub_rss", "worker_rss")}
+    for srv in servers.values():
         srv.handshake()
-        handshake_rss.append(proc_status(srv.pid, "VmRSS"))
-    lists, fetcher, publisher = readers["lists"], readers["fetch"], readers["publish"]
+        s["rss"].append(proc_status(srv.pid, "VmRSS"))
+    # warm-ups, reported as information: the first call of each kind pays for imports and the worker
     for _ in range(50):
         lists.request("tools/list")
     search_args = {"query": "", "limit": 50}
     _, res = lists.call("search_sessions", search_args)
     kept = len(res["structuredContent"]["items"])
-    first_fetch, fetch_rss = fetcher.call("fetch_session_context", {"id": "bench-big"})[0], []
-    small_line = lambda n: json.dumps({"jsonrpc": "2.0", "id": 0, "method": "tools/call", "params": {  # noqa
-        "name": "publish_session", "arguments": {"transcript": n.decode(), "title": "bench"}}}).encode()
-    first_small = publisher.request("tools/call", line=small_line(small_base))[0]
-    first_big = publisher.request("tools/call", line=small_line(pub_base))[0]
+    first_fetch = fetcher.call("fetch_session_context", {"id": "bench-big"})[0]
+    first_small = publisher.request("tools/call", line=publish_line(data["small"][0], "first")[0])[0]
+    first_worker = publisher.request("tools/call", line=publish_line(data["warm"][0], "warm")[0])[0]
 
-    s = {k: [] for k in ("pass", "initialize", "discover", "list", "search", "search_http", "fetch_floor",
-                         "fetch_http", "growth", "scrub", "publish", "ticks", "small_scrub", "small",
-                         "pub_rss", "worker_rss")}
     variants = [(100000, False), (100000, True), (8000, False), (8000, True)]
-    for v in variants:
-        s[v] = []
-    per_round = math.ceil(mode["spawns"] / mode["reps"])
+    s.update((v, []) for v in variants)
+    count = iter(range(10 ** 6))
+
+    def small_once():
+        line, raw = publish_line(data["small"][0], "s%d" % next(count))
+        s["small_scrub"].append(timed(scrub.scrub_bytes, raw))
+        s["small"].append(publisher.request("tools/call", line=line)[0])
+
+    def search_once():
+        s["search"].append(lists.call("search_sessions", search_args)[0])
+        s["search_http"].append(http_get(stub.base + "/memory/discover?limit=50"))
+
     for rnd in range(mode["reps"]):
-        for _ in range(per_round):  # cold start: pass, initialize, discover, pass, ...
+        for _ in range(math.ceil(mode["spawns"] / mode["reps"])):  # pass, initialize, discover, pass, ...
             for kind in ("pass", "initialize", "discover"):
                 seconds, rss = spawn_once(env, stub.base, kind)
                 s[kind].append(seconds)
-                if rss:
-                    handshake_rss.append(rss)
+                s["rss"] += [rss] if rss else []
         s["list"] += [lists.request("tools/list")[0] for _ in range(mode["list_calls"])]
-        for _ in range(mode["search_calls"]):
-            s["search"].append(lists.call("search_sessions", search_args)[0])
-            s["search_http"].append(http_get(stub.base + "/memory/discover?limit=50"))
-        for i in range(mode["small_publishes"]):
-            data = small_base.replace(b"bench-small", b"bench-small-%d-%d" % (rnd, i))
-            s["small_scrub"].append(timed(scrub.scrub_bytes, data))
-            s["small"].append(publisher.request("tools/call", line=small_line(data))[0])
-        if rnd >= mode["heavy_reps"]:
-            continue
-        s["fetch_floor"].append(fetch_floor(bundle_bytes))
-        s["fetch_http"].append(http_get(stub.base + "/library/fetch?cid=bench-big", token))
-        for v in variants[rnd % 4:] + variants[:rnd % 4]:  # rotate the order between rounds
-            sampler = PeakSampler(fetcher.pid)
-            s[v].append(fetcher.call("fetch_session_context", {"id": "bench-big", "max_tokens": v[0],
-                                                               "include_tool_calls": v[1]})[0])
-            s["growth"].append(sampler.growth())
-        fetch_rss.append(proc_status(fetcher.pid, "VmRSS"))
-        data = pub_base.replace(b"bench-publish", b"bench-publish-%d" % rnd)
-        s["scrub"].append(timed(scrub.scrub_bytes, data))
-        line, stop, ticks = small_line(data), threading.Event(), []
-
-        def ticker():
-            while not stop.wait(0.02):
-                ticks.append(publisher.send("tools/list"))
-        thread = threading.Thread(target=ticker)
-        thread.start()
-        s["publish"].append(publisher.request("tools/call", line=line)[0])
-        stop.set()
-        thread.join()
-        s["ticks"] += [publisher.wait(i)[0] - sent for i, sent in ticks]
-        s["pub_rss"].append(proc_status(publisher.pid, "VmRSS"))
-        s["worker_rss"] += [proc_status(c, "VmRSS") for c in children(publisher.pid)]
+        sample(search_once, mode["search"])
+        sample(small_once, mode["small"])
+        if rnd < mode["heavy_reps"]:
+            s["fetch_floor"].append(fetch_floor(data["bundle"]))
+            s["fetch_http"].append(http_get(stub.base + "/library/fetch?cid=bench-big", token))
+            for v in variants[rnd % 4:] + variants[:rnd % 4]:  # rotate the order between rounds
+                sampler = PeakSampler(fetcher.pid)
+                s[v].append(fetcher.call("fetch_session_context", {"id": "bench-big", "max_tokens": v[0],
+                                                                   "include_tool_calls": v[1]})[0])
+                s["growth"].append(sampler.growth())
+            s["fetch_rss"].append(proc_status(fetcher.pid, "VmRSS"))
+            line, raw = publish_line(data["pub"][0], "p%d" % rnd)
+            s["scrub"].append(timed(scrub.scrub_bytes, raw))
+            seconds, ticks = publish_with_ticks(publisher, line)
+            s["publish"].append(seconds)
+            s["ticks"] += ticks
+            s["pub_rss"].append(proc_status(publisher.pid, "VmRSS"))
+            s["worker_rss"] += [proc_status(c, "VmRSS") for c in children(publisher.pid)]
         print("  round %d/%d done at %.0f s" % (rnd + 1, mode["reps"], time.perf_counter() - began), flush=True)
+    for srv in servers.values():
+        srv.close()
+    stub.stop()
 
-    tm, floor = mode["time_margin"], statistics.median(s["pass"])
-    ffloor, sfloor = statistics.median(s["fetch_floor"]), statistics.median(s["scrub"])
+    tm, med = mode["time_margin"], statistics.median
+    floor, ffloor, sfloor = med(s["pass"]), med(s["fetch_floor"]), med(s["scrub"])
+    pub = "%.2f MiB" % (len(data["pub"][0]) / MiB)
     rows = [
         Row("python3 -c pass (floor)", s["pass"], "ms"),
-        Row("cold start -> initialize result", s["initialize"], "ms", 4 * floor, "<= 4x floor = %s" % fmt(4 * floor, "ms"), tm),
-        Row("cold start -> server/discover result", s["discover"], "ms", 4 * floor, "<= 4x floor = %s" % fmt(4 * floor, "ms"), tm),
-        Row("server RSS after handshake", handshake_rss, "MiB", 25 * MiB, "<= 25 MiB", MEM_MARGIN, "max"),
-        Row("server RSS after publishes (SDK loaded)", s["pub_rss"], "MiB", 40 * MiB, "<= 40 MiB", MEM_MARGIN, "max"),
+        Row("cold start -> initialize result", s["initialize"], "ms", 4 * floor,
+            "<= 4x floor = %s" % fmt(4 * floor, "ms"), tm),
+        Row("cold start -> server/discover result", s["discover"], "ms", 4 * floor,
+            "<= 4x floor = %s" % fmt(4 * floor, "ms"), tm),
+        Row("server RSS after handshake", s["rss"], "MiB", 25 * MiB, "<= 25 MiB", MEM_MARGIN, "max"),
+        Row("server RSS after publishes (SDK loaded)", s["pub_rss"], "MiB", 40 * MiB, "<= 40 MiB", MEM_MARGIN,
+            "max"),
         Row("scrub worker RSS (child process)", s["worker_rss"], "MiB", note="a4sx_mcp.py --scrub-worker"),
-        Row("server RSS after fetches", fetch_rss, "MiB"),
-        Row("tools/list round trip (steady)", s["list"], "ms", 0.001, "<= 1 ms", tm, note="p95 %s" % fmt(
-            Row("", s["list"], "ms", judge="p95").value(), "ms")),
+        Row("server RSS after the fetches", s["fetch_rss"], "MiB"),
+        Row("tools/list round trip (steady)", s["list"], "ms", 0.001, "<= 1 ms", tm,
+            note="p95 %s" % fmt(Row("", s["list"], "ms", judge="p95").value(), "ms")),
         Row("search_sessions limit 50, heavy listings", s["search"], "ms", 0.005, "<= 5 ms", tm,
-            note="kept %d/50 whole rows under 64 KiB" % kept),
+            note="kept %d/50 whole rows under 64 KiB; server share ~%s" % (
+                kept, fmt(med(s["search"]) - med(s["search_http"]), "ms"))),
         Row("  direct GET /memory/discover (stub+HTTP)", s["search_http"], "ms", note="no server: the stub's share"),
         Row("fetch floor: loads+b64+loads per record", s["fetch_floor"], "ms", note="in this process"),
         Row("  direct GET /library/fetch (stub+HTTP)", s["fetch_http"], "ms", note="no server: transfer + loads"),
     ] + [Row("fetch %d tokens, tool calls %s" % (v[0], "on" if v[1] else "off"), s[v], "ms", 1.2 * ffloor,
              "<= 1.2x floor = %s" % fmt(1.2 * ffloor, "ms"), tm) for v in variants] + [
-        Row("fetch peak RSS growth (server)", s["growth"], "MiB", 4 * len(big), "<= 4x transcript = %s"
-            % fmt(4 * len(big), "MiB"), MEM_MARGIN, "max", note="VmHWM reset per call"),
+        Row("fetch peak RSS growth (server)", s["growth"], "MiB", 4 * len(big),
+            "<= 4x transcript = %s" % fmt(4 * len(big), "MiB"), MEM_MARGIN, "max", note="VmHWM reset per call"),
         Row("first fetch (imports the SDK)", [first_fetch], "ms"),
-        Row("scrub_bytes %.2f MiB (floor)" % (len(pub_base) / MiB), s["scrub"], "ms", note="in this process"),
-        Row("publish %.2f MiB end to end" % (len(pub_base) / MiB), s["publish"], "ms", 1.1 * sfloor,
+        Row("scrub_bytes %s (floor)" % pub, s["scrub"], "ms", note="in this process"),
+        Row("publish %s end to end" % pub, s["publish"], "ms", 1.1 * sfloor,
             "<= 1.1x floor = %s" % fmt(1.1 * sfloor, "ms"), tm),
         Row("  tools/list during that publish", s["ticks"], "ms", 0.010, "p95 <= 10 ms", tm, "p95",
             note="one every 20 ms"),
-        Row("first large publish (starts the worker)", [first_big], "ms"),
-        Row("scrub_bytes 10 KiB (floor)", s["small_scrub"], "ms"),
-        Row("publish 10 KiB end to end", s["small"], "ms", note="fixed cost over its scrub: %s" % fmt(
-            statistics.median(s["small"]) - statistics.median(s["small_scrub"]), "ms")),
+        Row("first worker publish (starts the worker)", [first_worker], "ms", note="%d KiB" % (WARM_BYTES // 1024)),
+        Row("scrub_bytes %.1f KiB (floor)" % (len(data["small"][0]) / 1024), s["small_scrub"], "ms"),
+        Row("publish %.1f KiB end to end" % (len(data["small"][0]) / 1024), s["small"], "ms",
+            note="fixed cost over its scrub: %s" % fmt(med(s["small"]) - med(s["small_scrub"]), "ms")),
         Row("first small publish (imports the SDK)", [first_small], "ms"),
     ]
-    for srv in readers.values():
-        srv.close()
-    stub.stop()
     print()
     print_table(rows, mode)
     print("total time: %.0f s" % (time.perf_counter() - began))
