@@ -627,23 +627,29 @@ def claude_turn(record, tools):
         return None
     message = record.get("message")
     content = message.get("content") if isinstance(message, dict) else None
-    parts = []
     if isinstance(content, str):
-        if not _injected(content):
-            parts.append(content)
-    elif isinstance(content, list):
-        for block in content:
-            if not isinstance(block, dict):
-                continue
-            kind = block.get("type")
-            if kind == "text" and isinstance(block.get("text"), str) and not _injected(block["text"]):
-                parts.append(block["text"])
-            elif tools and kind == "tool_use":
-                parts.append(_tool_line("tool call", "%s %s" % (block.get("name") or "?", _tool_json(block.get("input")))))
-            elif tools and kind == "tool_result":
-                parts.append(_tool_line("tool result", _block_text(block.get("content"))))
-    text = "\n".join(p for p in parts if p.strip())
+        text = "" if _injected(content) else content
+    else:
+        text = blocks_text(content, tools, INJECTED_PREFIXES, "tool_use", "input")
     return (role, text) if text.strip() else None
+
+
+def blocks_text(blocks, tools, prefixes, call_type, call_args):
+    """The text of a turn's content blocks: text blocks that are not harness-injected, and with
+    ``tools`` one line per tool call and tool result. Claude Code names a call ``tool_use`` with
+    ``input``; canonical documents ``tool_call`` with ``args``."""
+    parts = []
+    for block in blocks if isinstance(blocks, list) else ():
+        if not isinstance(block, dict):
+            continue
+        kind = block.get("type")
+        if kind == "text" and isinstance(block.get("text"), str) and not _injected(block["text"], prefixes):
+            parts.append(block["text"])
+        elif tools and kind == call_type:
+            parts.append(_tool_line("tool call", "%s %s" % (block.get("name") or "?", _tool_json(block.get(call_args)))))
+        elif tools and kind == "tool_result":
+            parts.append(_tool_line("tool result", _block_text(block.get("content"))))
+    return "\n".join(p for p in parts if p.strip())
 
 
 def canonical_turns(doc, tools):
@@ -659,18 +665,7 @@ def canonical_turns(doc, tools):
         if isinstance(extra, dict) and extra.get("meta") is True:
             continue
         prefixes = INJECTED_PREFIXES if turn["role"] == "assistant" else user_prefixes
-        parts = []
-        for block in turn.get("content") or []:
-            if not isinstance(block, dict):
-                continue
-            kind = block.get("type")
-            if kind == "text" and isinstance(block.get("text"), str) and not _injected(block["text"], prefixes):
-                parts.append(block["text"])
-            elif tools and kind == "tool_call":
-                parts.append(_tool_line("tool call", "%s %s" % (block.get("name") or "?", _tool_json(block.get("args")))))
-            elif tools and kind == "tool_result":
-                parts.append(_tool_line("tool result", _block_text(block.get("content"))))
-        text = "\n".join(p for p in parts if p.strip())
+        text = blocks_text(turn.get("content"), tools, prefixes, "tool_call", "args")
         if text.strip():
             turns.append(("assistant" if turn["role"] == "assistant" else "user", text))
     return turns

@@ -71,19 +71,14 @@ def getaddrinfo(host, *args, **kwargs):
     return _getaddrinfo(host, *args, **kwargs)
 socket.getaddrinfo = getaddrinfo
 
-_connect = socket.socket.connect
-def connect(self, address):
-    if self.family in (socket.AF_INET, socket.AF_INET6) and not _loopback(address[0]):
-        _violation("connect %r" % (address[0],))
-    return _connect(self, address)
-socket.socket.connect = connect
-
-_connect_ex = socket.socket.connect_ex
-def connect_ex(self, address):
-    if self.family in (socket.AF_INET, socket.AF_INET6) and not _loopback(address[0]):
-        _violation("connect %r" % (address[0],))
-    return _connect_ex(self, address)
-socket.socket.connect_ex = connect_ex
+def _guarded(original):
+    def connect(self, address):
+        if self.family in (socket.AF_INET, socket.AF_INET6) and not _loopback(address[0]):
+            _violation("connect %r" % (address[0],))
+        return original(self, address)
+    return connect
+socket.socket.connect = _guarded(socket.socket.connect)
+socket.socket.connect_ex = _guarded(socket.socket.connect_ex)
 '''
 
 
