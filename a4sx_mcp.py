@@ -441,6 +441,7 @@ FIELD_CAPS = {"title": 200, "label": 64, "author": 64, "author_handle": 64, "own
 SUMMARY_CAPS = dict(FIELD_CAPS, description=2000, abstract=2000)
 DEFAULT_CAP = 500
 MAX_LIST_ITEMS = 20
+MAX_PAGE_ITEMS = 50  # a search page's items
 MAX_KEYS = 50
 MAX_DEPTH = 6
 RESULT_BUDGET = 64 * 1024
@@ -458,7 +459,8 @@ def sanitize(value, caps=FIELD_CAPS, field=None, depth=0, scale=1.0):
     if depth >= MAX_DEPTH:
         return None
     if isinstance(value, list):
-        return [sanitize(v, caps, field, depth + 1, scale) for v in value[:MAX_LIST_ITEMS]]
+        limit = MAX_PAGE_ITEMS if field == "items" and depth == 1 else MAX_LIST_ITEMS
+        return [sanitize(v, caps, field, depth + 1, scale) for v in value[:limit]]
     if isinstance(value, dict):
         out = {}
         for key, item in list(value.items())[:MAX_KEYS]:
@@ -1374,7 +1376,7 @@ def tool_get_session_summary(call, args):
         "outline": [o for o in item.get("outline") or [] if isinstance(o, str)][:12]
         if isinstance(item.get("outline"), list) else [],
         "members": [{"id": _str(m.get("id")), "kind": _str(m.get("kind")), "title": _str(m.get("title")),
-                     "abstract": clip(_str(m.get("abstract")), 400)} for m in members],
+                     "abstract": one_line(_str(m.get("abstract")), 400)} for m in members],
         "depth": depth if isinstance(depth, dict) else {}, "stats": stats if isinstance(stats, dict) else {},
         "latest_release": item.get("latest_release"), "provenance": item.get("provenance"),
         "author_claims": item.get("author_claims"), "created_at": item.get("created_at"),

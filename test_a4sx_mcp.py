@@ -769,6 +769,15 @@ def test_search_result_is_bounded_to_64_kib_with_whole_rows(mcp, stub):
         assert "<<<" not in row["abstract"] and "\u2039\u2039\u2039" in row["abstract"]
 
 
+def test_a_full_page_of_fifty_rows(mcp, stub):
+    for i in range(60):
+        stub.listings["l-%02d" % i] = listing("l-%02d" % i)
+    structured, text, _ = mcp.tool("search_sessions", {"limit": 50})
+    assert len(structured["items"]) == 50 and "truncated" not in structured
+    assert structured["next_offset"] == 50 and structured["total"] == 60
+    assert len(assert_framed_json(text, structured)["items"]) == 50
+
+
 @pytest.mark.parametrize("arguments, path", [
     ({"limit": 0}, "limit"), ({"limit": 51}, "limit"), ({"limit": True}, "limit"), ({"limit": "5"}, "limit"),
     ({"limit": 2.5}, "limit"), ({"offset": -1}, "offset"), ({"offset": 10001}, "offset"),
@@ -839,7 +848,7 @@ def test_marketplace_summary(mcp, stub, token):
     assert_framed_json(text, structured)
     assert len(structured["description"]) == 2000 and len(structured["abstract"]) == 2000
     assert structured["outline"] == ["step %d" % i for i in range(12)]
-    assert len(structured["members"]) == 20 and len(structured["members"][0]["abstract"]) <= 400
+    assert len(structured["members"]) == 20 and len(structured["members"][0]["abstract"]) == 400
     assert structured["depth"] == {"turns": 40} and structured["stats"] == {"imports": 3}
     assert structured["deprecated"] is False and structured["harness"]["id"] == "claude-code"
     assert structured["latest_release"] == {"version": "2"} and structured["author_claims"] == ["tested"]
