@@ -22,8 +22,6 @@ Run it as ``a4sx-mcp``, ``python -m a4sx_mcp`` or ``python3 a4sx_mcp.py`` (a cop
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import os
 import re
@@ -309,7 +307,7 @@ class Api:
                 resp = err
             with resp:
                 status = resp.status if hasattr(resp, "status") else resp.code
-                payload = resp.read(MAX_RESPONSE_BYTES + 1)
+                payload = _read_body(resp)
         except (OSError, ValueError) as err:  # URLError, timeouts, resets, IncompleteRead
             log("debug", "http %s %s -> no answer (%s) in %d ms" % (method, _route_of(path), type(err).__name__,
                                                                     (time.monotonic() - started) * 1000))
@@ -319,10 +317,23 @@ class Api:
         if len(payload) > MAX_RESPONSE_BYTES:
             raise NetworkError("the answer was larger than %d MiB" % (MAX_RESPONSE_BYTES >> 20))
         try:
-            body = json.loads(payload.decode("utf-8")) if payload else {}
-        except ValueError:
+            text = payload.decode("utf-8")
+            del payload  # a large bundle is held once, not twice, while it is parsed
+            body = json.loads(text) if text else {}
+        except (ValueError, RecursionError):
             body = {}
         return status, body
+
+
+def _read_body(resp):
+    """The whole body, read once into one buffer when its length is announced (a 27 MB bundle is
+    not also held as a list of chunks); at most ``MAX_RESPONSE_BYTES``."""
+    length = resp.headers.get("Content-Length") if resp.headers is not None else None
+    if length and length.strip().isdigit():
+        if int(length) > MAX_RESPONSE_BYTES:
+            raise ValueError("answer too large")
+        return resp.read()
+    return resp.read(MAX_RESPONSE_BYTES + 1)
 
 
 def _route_of(path):
@@ -334,6 +345,8 @@ def _network_reason(err):
     import socket
 
     reason = getattr(err, "reason", err)
+    if str(reason) == "answer too large":
+        return "the answer was larger than %d MiB" % (MAX_RESPONSE_BYTES >> 20)
     if isinstance(reason, socket.timeout) or "timed out" in str(reason):
         return "the a4sx server did not answer in time"
     if isinstance(reason, socket.gaierror):
@@ -376,17 +389,20 @@ ELLIPSIS = "\u2026"
 
 # Every line break a model or renderer may honour (CRLF first, so it becomes one break).
 _LINE_BREAKS = re.compile("\r\n|[\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
-# Other control characters and lone surrogates carry no meaning for a reader: dropped / replaced.
-_CONTROLS = re.compile("[\x00-\x08\x0e-\x1b\x1f\x7f\x80-\x84\x86-\x9f]")
-_SURROGATES = re.compile("[\ud800-\udfff]")
+# Other control characters carry no meaning for a reader and are dropped; a lone surrogate (which
+# JSON can spell, and strict UTF-8 clients reject) becomes U+FFFD.
+_UNSAFE = re.compile("[\x00-\x08\x0e-\x1b\x1f\x7f\x80-\x84\x86-\x9f\ud800-\udfff]")
+
+
+def _unsafe_char(match):
+    return "\ufffd" if match.group() >= "\ud800" else ""
 _LEADING_HASH = re.compile(r"^([ \t]*)#", re.M)
 _WHITESPACE = re.compile(r"\s+")
 
 
 def neutralize(text):
     """Line breaks to ``\\n``, ``<<<``/``>>>`` to ``‹‹‹``/``›››``, a line-leading ``#`` to ``\\#``."""
-    text = _LINE_BREAKS.sub("\n", text)
-    text = _SURROGATES.sub("\ufffd", _CONTROLS.sub("", text))
+    text = _UNSAFE.sub(_unsafe_char, _LINE_BREAKS.sub("\n", text))
     text = text.replace("<<<", "\u2039\u2039\u2039").replace(">>>", "\u203a\u203a\u203a")
     return _LEADING_HASH.sub("\\1\\\\#", text)
 
@@ -399,8 +415,29 @@ def clip(text, cap):
 def one_line(text, cap):
     """Whitespace runs (every line break included) collapsed to one space, neutralised, capped
     AFTER escaping, so the final string is within ``cap``."""
-    text = _LINE_BREAKS.sub("\n", text)
-    return clip(neutralize(_WHITESPACE.sub(" ", text).strip()), cap)
+    return bounded(text, cap, _one_line_whole)
+
+
+def _one_line_whole(text):
+    """``neutralize`` for one line: once whitespace is collapsed there is no line break left and
+    only the first character can lead a line."""
+    text = _UNSAFE.sub(_unsafe_char, _WHITESPACE.sub(" ", text).strip())
+    text = text.replace("<<<", "\u2039\u2039\u2039").replace(">>>", "\u203a\u203a\u203a")
+    return "\\" + text if text.startswith("#") else text
+
+
+def bounded(text, cap, transform):
+    """``clip(transform(text), cap)`` computed on a prefix when the text is long: a 20,000-character
+    description shown as 300, or a 1 MB tool result shown as one line, is not escaped whole. (The
+    transforms only look back a few characters, so a prefix whose result is comfortably longer than
+    ``cap`` gives the same first ``cap`` characters as the whole text.)"""
+    size = cap * 2
+    while size < len(text):
+        out = transform(text[:size])
+        if len(out) > cap + 16:
+            return clip(out, cap)
+        size *= 4
+    return clip(transform(text), cap)
 
 
 def new_nonce():
@@ -478,42 +515,60 @@ def wire_size(value):
 def framed_json(result, untrusted=False, rows=None, offset=0, caps=FIELD_CAPS, hint_next=None):
     """A JSON read result as ``(text, structured)``: notice, envelope with the one-line JSON, hint
     line; text plus structured copy within 64 KiB, dropping whole rows from the end (``next_offset``
-    then resumes at the first row left out) and, if that is not enough, shrinking the caps."""
+    then resumes at the first row left out) and, if that is not enough, shrinking the caps. Rows
+    are sanitised one by one only until the budget is full: rows that will not be sent cost nothing."""
+    page_in = (result.get(rows) or [])[:MAX_PAGE_ITEMS] if rows else []
     scale = 1.0
-    kept = len(result.get(rows) or []) if rows else 0
     while True:
-        clean = sanitize(result, caps, scale=scale)
+        clean = sanitize({k: v for k, v in result.items() if k != rows}, caps, scale=scale)
+        page = []
         if rows:
-            all_rows = clean.get(rows) or []
-            clean[rows] = all_rows[:kept]
-            if kept < len(all_rows):
-                clean["truncated"] = True
-                clean["next_offset"] = offset + kept
-        if scale < 1.0:
-            clean["truncated"] = True
-        hints = {}
-        if clean.get("next_offset") is not None:
-            hints = {"next": hint_next or "more results: call again with offset = next_offset",
-                     "next_offset": clean["next_offset"]}
-        elif hint_next:
-            hints = {"next": hint_next}
-        body = {k: v for k, v in clean.items() if k not in ("next", "next_offset")}
-        nonce = new_nonce()
-        line = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-        text = envelope(nonce, [line], untrusted, json_result=True)
-        if hints:
-            text += "\n" + HINT_PREFIX + json.dumps(hints, separators=(", ", ": "))
-        structured = dict({"notice": JSON_NOTICE}, **clean)
-        if "next" in hints:
-            structured["next"] = hints["next"]
-        if wire_size(text) + wire_size(structured) <= RESULT_BUDGET:
+            used = _frame(dict(clean, **{rows: []}), rows, False, offset, untrusted, hint_next, scale)[2]
+            for row in page_in:
+                row = sanitize(row, caps, rows, 2, scale)
+                # a row costs its size in the structured copy plus its size inside the text, which is
+                # escaped once more on the wire
+                used += wire_size(row) + wire_size(json.dumps(row, ensure_ascii=False, separators=(",", ":"))) + 2
+                if used > RESULT_BUDGET:
+                    break
+                page.append(row)
+            clean[rows] = page
+        while True:
+            dropped = len(page) < len(page_in)
+            text, structured, size = _frame(clean, rows, dropped, offset, untrusted, hint_next, scale)
+            if size <= RESULT_BUDGET or not page:
+                break
+            page.pop()  # the estimate was short: confirm by building
+        if size <= RESULT_BUDGET:
             return text, structured
-        if rows and kept > 0:
-            kept -= 1
-        elif scale > 0.05:
-            scale /= 2
-        else:
+        if scale < 0.05:
             raise RuntimeError("result cannot be bounded")
+        scale /= 2
+
+
+def _frame(clean, rows, dropped, offset, untrusted, hint_next, scale):
+    """``(text, structured, wire size)`` of a sanitised result; ``dropped``: rows were left out."""
+    clean = dict(clean)
+    if dropped:
+        clean["truncated"] = True
+        clean["next_offset"] = offset + len(clean[rows])
+    if scale < 1.0:
+        clean["truncated"] = True
+    hints = {}
+    if clean.get("next_offset") is not None:
+        hints = {"next": hint_next or "more results: call again with offset = next_offset",
+                 "next_offset": clean["next_offset"]}
+    elif hint_next:
+        hints = {"next": hint_next}
+    body = {k: v for k, v in clean.items() if k not in ("next", "next_offset")}
+    line = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    text = envelope(new_nonce(), [line], untrusted, json_result=True)
+    if hints:
+        text += "\n" + HINT_PREFIX + json.dumps(hints, separators=(", ", ": "))
+    structured = dict({"notice": JSON_NOTICE}, **clean)
+    if "next" in hints:
+        structured["next"] = hints["next"]
+    return text, structured, wire_size(text) + wire_size(structured)
 
 
 # =============================================================================================
@@ -534,20 +589,18 @@ def parse_record(line):
         return None
 
 
-def jsonl_lines(text):
-    """Records split on ``\\n`` only (a trailing ``\\r`` stripped): JSON strings may hold raw U+2028,
-    NEL, FS ... which ``str.splitlines`` would treat as line ends, cutting records in half."""
-    for line in text.split("\n"):
-        yield line[:-1] if line.endswith("\r") else line
-
-
-def check_transcript(text):
-    """None when ``text`` is a Claude Code or Codex CLI JSONL transcript, else why not (with the line)."""
+def check_transcript(data):
+    """None when ``data`` (bytes) is a Claude Code or Codex CLI JSONL transcript, else why not (with
+    the line). Decoded line by line, so a 2 MiB transcript is not copied whole as text."""
     has_turn = False
     first = None
-    for number, line in enumerate(jsonl_lines(text), 1):
-        if not line.strip():
+    for number, raw in enumerate(byte_lines(data), 1):
+        if not raw.strip():
             continue
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return "line %d is not valid UTF-8" % number
         record = parse_record(line)
         if record is None:
             return "line %d is not valid JSON" % number
@@ -591,20 +644,6 @@ def _tool_json(value):
         return ""
 
 
-def bounded(text, cap, transform):
-    """``clip(transform(text), cap)`` computed on a prefix when the text is long: a 1 MB tool result
-    that ends up as 300 characters is not collapsed or escaped whole. (The transforms only look
-    back a few characters, so a prefix whose result is comfortably longer than ``cap`` gives the
-    same first ``cap`` characters as the whole text.)"""
-    size = cap * 2
-    while size < len(text):
-        out = transform(text[:size])
-        if len(out) > cap + 16:
-            return clip(out, cap)
-        size *= 4
-    return clip(transform(text), cap)
-
-
 def _collapsed(text):
     return _WHITESPACE.sub(" ", text).strip()
 
@@ -623,35 +662,50 @@ def _block_text(content):
 
 
 def claude_turn(record, tools):
-    """``(role, text)`` for one Claude Code record, or None when it is not a turn."""
+    """``(role, parts)`` for one Claude Code record, or None when it is not a turn."""
     role = record.get("type")
     if role not in ("user", "assistant") or record.get("isMeta"):
         return None
     message = record.get("message")
     content = message.get("content") if isinstance(message, dict) else None
     if isinstance(content, str):
-        text = "" if _injected(content) else content
+        parts = [] if _injected(content) or not content.strip() else [content]
     else:
-        text = blocks_text(content, tools, INJECTED_PREFIXES, "tool_use", "input")
-    return (role, text) if text.strip() else None
+        parts = block_parts(content, tools, INJECTED_PREFIXES, "tool_use", "input")
+    return (role, parts) if parts else None
 
 
-def blocks_text(blocks, tools, prefixes, call_type, call_args):
-    """The text of a turn's content blocks: text blocks that are not harness-injected, and with
-    ``tools`` one line per tool call and tool result. Claude Code names a call ``tool_use`` with
-    ``input``; canonical documents ``tool_call`` with ``args``."""
+def block_parts(blocks, tools, prefixes, call_type, call_args):
+    """A turn's shown parts: text blocks that are not harness-injected, and with ``tools`` its tool
+    calls and results. Claude Code names a call ``tool_use`` with ``input``; canonical documents
+    ``tool_call`` with ``args``. Tool lines are kept as blocks and formatted only if the turn is
+    shown (``turn_text``): a tool block always gives a line, so turns are still counted exactly."""
     parts = []
     for block in blocks if isinstance(blocks, list) else ():
         if not isinstance(block, dict):
             continue
         kind = block.get("type")
-        if kind == "text" and isinstance(block.get("text"), str) and not _injected(block["text"], prefixes):
-            parts.append(block["text"])
+        if kind == "text":
+            text = block.get("text")
+            if isinstance(text, str) and text.strip() and not _injected(text, prefixes):
+                parts.append(text)
         elif tools and kind == call_type:
-            parts.append(_tool_line("tool call", "%s %s" % (block.get("name") or "?", _tool_json(block.get(call_args)))))
+            parts.append(("tool call", block.get("name"), block.get(call_args)))
         elif tools and kind == "tool_result":
-            parts.append(_tool_line("tool result", _block_text(block.get("content"))))
-    return "\n".join(p for p in parts if p.strip())
+            parts.append(("tool result", None, block.get("content")))
+    return parts
+
+
+def turn_text(parts):
+    lines = []
+    for part in parts:
+        if isinstance(part, str):
+            lines.append(part)
+        elif part[0] == "tool call":
+            lines.append(_tool_line("tool call", "%s %s" % (_str(part[1]) or "?", _tool_json(part[2]))))
+        else:
+            lines.append(_tool_line("tool result", _block_text(part[2])))
+    return "\n".join(lines)
 
 
 def canonical_turns(doc, tools):
@@ -667,10 +721,20 @@ def canonical_turns(doc, tools):
         if isinstance(extra, dict) and extra.get("meta") is True:
             continue
         prefixes = INJECTED_PREFIXES if turn["role"] == "assistant" else user_prefixes
-        text = blocks_text(turn.get("content"), tools, prefixes, "tool_call", "args")
-        if text.strip():
-            turns.append(("assistant" if turn["role"] == "assistant" else "user", text))
+        parts = block_parts(turn.get("content"), tools, prefixes, "tool_call", "args")
+        if parts:
+            turns.append(("assistant" if turn["role"] == "assistant" else "user", parts))
     return turns
+
+
+def byte_lines(data):
+    """The ``\\n``-separated lines of ``data``, one at a time (no list of them all)."""
+    start = 0
+    while start < len(data):
+        end = data.find(b"\n", start)
+        end = len(data) if end < 0 else end
+        yield data[start:end]
+        start = end + 1
 
 
 def claude_turns(data, tools):
@@ -679,7 +743,7 @@ def claude_turns(data, tools):
     one are skipped unparsed and undecoded: an exact test, and most of a long session's records
     (progress, snapshots, system records) never cost a parse."""
     turns = []
-    for line in data.split(b"\n"):
+    for line in byte_lines(data):
         if b'"user"' not in line and b'"assistant"' not in line and b"\\u" not in line:
             continue
         record = parse_record(line.decode("utf-8", "replace"))
@@ -688,6 +752,13 @@ def claude_turns(data, tools):
             if turn:
                 turns.append(turn)
     return turns
+
+
+def bundle_size(bundle):
+    """Characters of base64 a bundle holds (its transcripts and documents)."""
+    members = bundle.get("members") if isinstance(bundle, dict) else None
+    return sum(len(f.get("content_b64") or "") for m in members or [] if isinstance(m, dict)
+               for f in m.get("files") or [] if isinstance(f, dict) and isinstance(f.get("content_b64"), str))
 
 
 def pick_transcript(bundle):
@@ -702,8 +773,10 @@ def pick_transcript(bundle):
             files.setdefault(entry["path"], entry["content_b64"])
 
     def decoded(path):
+        import binascii
+
         try:
-            return base64.b64decode(files[path])
+            return binascii.a2b_base64(files[path])  # reads the str in place: no 27 MB ASCII copy
         except (ValueError, TypeError):
             return None
 
@@ -733,8 +806,8 @@ def render_context(title, turns, max_tokens, untrusted):
 
     def rendered(i):
         if i not in cache:
-            role, text = turns[i]
-            body = bounded(text, TURN_CAP, neutralize)
+            role, parts = turns[i]
+            body = bounded(turn_text(parts), TURN_CAP, neutralize)
             cache[i] = ("\n### %s\n%s" % ("User" if role == "user" else "Assistant", body), body.endswith(ELLIPSIS)
                         and len(body) == TURN_CAP)
         return cache[i][0]
@@ -825,6 +898,7 @@ class Cancelled(Exception):
 # stretches, so it runs in a separate process: the stdio loop and other calls never wait for it,
 # and a cancel can stop it at once. Small transcripts scrub in-process (a round trip costs more).
 INPROCESS_SCRUB_BYTES = 64 * 1024
+LARGE_CALL_BYTES = 1024 * 1024
 WORKER_IDLE_S = 300
 
 
@@ -935,6 +1009,43 @@ def scrub_transcript(data, title, label, cancel):
     if not sdk_available():
         raise SdkMissing()
     return SCRUB_WORKER.scrub(data, texts, cancel)
+
+
+def transcript_session_id(data, module):
+    """The SDK's ``session_id_of`` (the first record's ``sessionId``), asked one candidate line at a
+    time: it would otherwise split and decode the whole upload to find what is on its first line."""
+    for line in byte_lines(data):
+        if b"sessionId" in line or b"\\u" in line:
+            found = module.session_id_of(line)
+            if found:
+                return found
+    return None
+
+
+_libc = None
+
+
+def _glibc():
+    """glibc through ctypes, loaded on the first large call only (never at start-up)."""
+    global _libc
+    if _libc is None and sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            _libc = ctypes.CDLL("libc.so.6")
+            _libc.mallopt(-3, 1024 * 1024)  # M_MMAP_THRESHOLD fixed at 1 MiB: big buffers are
+            # mapped and unmapped on their own instead of fragmenting the heap after the first one
+        except (OSError, AttributeError):
+            _libc = False
+    return _libc or None
+
+
+def release_memory():
+    """Give the heap that a multi-megabyte call freed back to the system (glibc keeps it otherwise,
+    and a long-running server would sit at its peak)."""
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
 
 
 def rows_untrusted(rows, base):
@@ -1282,6 +1393,7 @@ class Call:
     def __init__(self, server, cancel, progress):
         self.settings, self.api, self.server = server.settings, server.api, server
         self.cancel, self.progress = cancel, progress
+        self.large = False  # set by a handler that held megabytes: the heap is trimmed afterwards
 
     def token(self):
         token = self.settings.token()
@@ -1447,7 +1559,9 @@ def tool_acquire_session(call, args):
 
 
 def tool_fetch_session_context(call, args):
+    _glibc()  # before the first multi-megabyte answer arrives
     _, bundle = call.request("GET", "/library/fetch", {"cid": args["id"], "version": args.get("version")}, auth=True)
+    call.large = bundle_size(bundle) > LARGE_CALL_BYTES
     call.progress("fetched")
     try:
         rows = call.library()
@@ -1455,17 +1569,20 @@ def tool_fetch_session_context(call, args):
         untrusted = row is None or rows_untrusted(rows, call.settings.base)(row)
     except ToolError:
         row, untrusted = None, True  # fail closed: unknown provenance counts as another author's
+    bundle = bundle if isinstance(bundle, dict) else {}
+    title, version = _str(bundle.get("title") or (row or {}).get("title")), bundle.get("version")
     picked = pick_transcript(bundle)
+    bundle = None  # the base64 text can go before the turns are built
     if picked is None:
         raise ToolError("no_transcript", "That library entry has no session transcript to load.")
     kind, content = picked
     tools = args["include_tool_calls"]
     turns = canonical_turns(content, tools) if kind == "canonical" else claude_turns(content, tools)
-    title = _str(bundle.get("title") or (row or {}).get("title"))
+    content = picked = None
     text, included, truncated = render_context(title, turns, args["max_tokens"], untrusted)
     structured = {"notice": JSON_NOTICE, "status": "ok", "id": args["id"], "source": "library",
                   "untrusted": untrusted, "acquired_from": sanitize((row or {}).get("acquired_from")),
-                  "version": sanitize(bundle.get("version"), field="version"), "title": one_line(title, 200),
+                  "version": sanitize(version, field="version"), "title": one_line(title, 200),
                   "max_tokens": args["max_tokens"], "approx_tokens": len(text) // 4, "truncated": truncated,
                   "turns_total": len(turns), "turns_included": included, "context": text}
     return Result(text, structured)
@@ -1515,17 +1632,19 @@ def resolve_parent(rows, name):
 def tool_publish_session(call, args):
     token = call.token()
     data = args["transcript"].encode("utf-8", "surrogatepass")
+    call.large = len(data) > LARGE_CALL_BYTES
+    if call.large:
+        _glibc()
     cap = call.settings.max_publish_bytes
     if len(data) > cap:
         raise ToolError("too_large", "The transcript is %d bytes; publish_session takes at most %d bytes. Save larger "
                         "sessions with the a4sx CLI: `a4sx push <file>`." % (len(data), cap), size=len(data), cap=cap)
+    import hashlib
+
     if "content_sha256" in args and hashlib.sha256(data).hexdigest() != args["content_sha256"].lower():
         raise ToolError("content_sha_mismatch", "content_sha256 does not match the SHA-256 of the transcript's UTF-8 "
                         "bytes: it was changed or cut on the way. Nothing was sent.")
-    try:
-        problem = check_transcript(data.decode("utf-8"))
-    except UnicodeDecodeError:
-        problem = "the transcript is not valid UTF-8"
+    problem = check_transcript(data)
     if problem:
         raise ToolError("not_a_transcript", "Not a Claude Code or Codex CLI JSONL transcript: %s. Nothing was sent."
                         % problem)
@@ -1547,7 +1666,7 @@ def tool_publish_session(call, args):
     title, label = (texts.get(k, (None, {}))[0] for k in ("title", "label"))
     text_redactions = sum(sum(texts.get(k, (None, {}))[1].values()) for k in ("title", "label"))
     base = call.settings.base
-    lineage = lineage_sdk.read_lineage(lineage_sdk.session_id_of(upload)) or {}
+    lineage = lineage_sdk.read_lineage(transcript_session_id(upload, lineage_sdk)) or {}
     untrusted = bool(lineage.get("untrusted"))
     parent = None
     if args.get("parent"):
@@ -1722,6 +1841,7 @@ class Pool:
             try:
                 fn()
             finally:
+                fn = None  # not kept alive (with its arguments: a transcript) until the next task
                 with self.lock:
                     self.pending -= 1
                     self.idle.notify_all()
@@ -1968,6 +2088,8 @@ class Server:
             log("warning", "tool=%s internal error (%s)" % (name, type(err).__name__))
             result = Result("internal error", {"error": "internal_error", "message": "internal error"}, True,
                             "internal_error")
+        if call.large:
+            release_memory()
         if result is None or call.cancel.is_set():
             log("info", "tool=%s outcome=cancelled ms=%d" % (name, (time.monotonic() - started) * 1000))
             return None
