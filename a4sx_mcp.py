@@ -284,12 +284,13 @@ class Api:
     def call(self, method, path, params=None, *, token=None, data=None, headers=None, timeout=READ_TIMEOUT_S):
         """One request; returns ``(status, parsed JSON body or {})``. ``token`` is given only for
         authenticated routes. Raises ``NetworkError`` when no complete answer arrived."""
+        import http.client
         import urllib.error
         import urllib.request
         from urllib.parse import urlencode
 
         query = {k: v for k, v in (params or {}).items() if v not in (None, "")}
-        url = self.base + path + ("?" + urlencode(query) if query else "")
+        url = self.base + path + ("?" + urlencode(query, errors="replace") if query else "")
         req = urllib.request.Request(url, data=data, method=method)
         req.add_header("User-Agent", USER_AGENT)
         req.add_header("Accept", "application/json")
@@ -308,7 +309,7 @@ class Api:
             with resp:
                 status = resp.status if hasattr(resp, "status") else resp.code
                 payload = _read_body(resp)
-        except (OSError, ValueError) as err:  # URLError, timeouts, resets, IncompleteRead
+        except (OSError, ValueError, http.client.HTTPException) as err:  # URLError, timeouts, resets, cut bodies
             log("debug", "http %s %s -> no answer (%s) in %d ms" % (method, _route_of(path), type(err).__name__,
                                                                     (time.monotonic() - started) * 1000))
             raise NetworkError(_network_reason(err)) from None
@@ -342,9 +343,12 @@ def _route_of(path):
 
 
 def _network_reason(err):
+    import http.client
     import socket
 
     reason = getattr(err, "reason", err)
+    if isinstance(reason, http.client.IncompleteRead):
+        return "the a4sx server's answer was cut short"
     if str(reason) == "answer too large":
         return "the answer was larger than %d MiB" % (MAX_RESPONSE_BYTES >> 20)
     if isinstance(reason, socket.timeout) or "timed out" in str(reason):
@@ -539,8 +543,8 @@ def framed_json(result, untrusted=False, rows=None, offset=0, caps=FIELD_CAPS, h
             if size <= RESULT_BUDGET or not page:
                 break
             page.pop()  # the estimate was short: confirm by building
-        if size <= RESULT_BUDGET:
-            return text, structured
+        if size <= RESULT_BUDGET and (page or not page_in):
+            return text, structured  # (a first row too big on its own is shortened, never skipped)
         if scale < 0.05:
             raise RuntimeError("result cannot be bounded")
         scale /= 2
@@ -1355,8 +1359,8 @@ def _tags(value, limit=12):
 def listing_url(settings, item_id, tenant):
     from urllib.parse import quote
 
-    url = "%s/marketplace/%s" % (settings.base, quote(_str(item_id), safe=""))
-    return url + "?t=" + quote(tenant, safe="") if tenant else url
+    url = "%s/marketplace/%s" % (settings.base, quote(_str(item_id), safe="", errors="replace"))
+    return url + "?t=" + quote(tenant, safe="", errors="replace") if tenant else url
 
 
 def public_row(settings, item):
