@@ -1331,7 +1331,7 @@ class RateLimiter:
 
 # --- shared row shapes --------------------------------------------------------------------------
 
-KNOWN_HARNESSES = {"claude-code", "codex-cli", "gemini-cli", "grok-build", "opencode"}
+KNOWN_HARNESSES = set(HARNESS_IDS) - {"unknown"}
 _VERSION_LIKE = re.compile(r"^v?\d+(\.\d+){1,3}([-+][0-9A-Za-z.-]{1,40})?\Z")
 
 
