@@ -18,6 +18,10 @@ One stdlib-only file, meant to be read top to bottom in the order data flows:
 8. the stdio loop and ``main``
 
 Run it as ``a4sx-mcp``, ``python -m a4sx_mcp`` or ``python3 a4sx_mcp.py`` (a copied file works as is).
+
+For a reviewer: every network request is made in ``Api.call``; the only other process is the scrub
+worker (this same file with ``--scrub-worker``, spoken to over pipes, never the network); the only
+files written are the SDK's untrusted-session records, through the SDK (``mark_untrusted``).
 """
 
 from __future__ import annotations
@@ -425,6 +429,9 @@ def one_line(text, cap):
 def _one_line_whole(text):
     """``neutralize`` for one line: once whitespace is collapsed there is no line break left and
     only the first character can lead a line."""
+    if (text.isascii() and text.isprintable() and "  " not in text and "<<<" not in text and ">>>" not in text
+            and text[:1] not in ("#", " ") and text[-1:] != " "):
+        return text  # already one clean line: most tags, ids, names
     text = _UNSAFE.sub(_unsafe_char, _WHITESPACE.sub(" ", text).strip())
     text = text.replace("<<<", "\u2039\u2039\u2039").replace(">>>", "\u203a\u203a\u203a")
     return "\\" + text if text.startswith("#") else text
