@@ -423,15 +423,19 @@ def clip(text, cap):
 def one_line(text, cap):
     """Whitespace runs (every line break included) collapsed to one space, neutralised, capped
     AFTER escaping, so the final string is within ``cap``."""
+    if len(text) <= cap and _clean_line(text):
+        return text  # already one clean line: most tags, ids, keys and names
     return bounded(text, cap, _one_line_whole)
+
+
+def _clean_line(text):
+    return (text.isascii() and text.isprintable() and "  " not in text and "<<<" not in text
+            and ">>>" not in text and text[:1] not in ("#", " ") and text[-1:] != " ")
 
 
 def _one_line_whole(text):
     """``neutralize`` for one line: once whitespace is collapsed there is no line break left and
     only the first character can lead a line."""
-    if (text.isascii() and text.isprintable() and "  " not in text and "<<<" not in text and ">>>" not in text
-            and text[:1] not in ("#", " ") and text[-1:] != " "):
-        return text  # already one clean line: most tags, ids, names
     text = _UNSAFE.sub(_unsafe_char, _WHITESPACE.sub(" ", text).strip())
     text = text.replace("<<<", "\u2039\u2039\u2039").replace(">>>", "\u203a\u203a\u203a")
     return "\\" + text if text.startswith("#") else text
