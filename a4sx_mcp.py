@@ -541,9 +541,7 @@ def framed_json(result, untrusted=False, rows=None, offset=0, caps=FIELD_CAPS, h
             used = _frame(dict(clean, **{rows: []}), rows, False, offset, untrusted, hint_next, scale)[2]
             for row in page_in:
                 row = sanitize(row, caps, rows, 2, scale)
-                # a row costs its size in the structured copy plus its size inside the text, which is
-                # escaped once more on the wire
-                used += wire_size(row) + wire_size(json.dumps(row, ensure_ascii=False, separators=(",", ":"))) + 2
+                used += row_cost(row)
                 if used > RESULT_BUDGET:
                     break
                 page.append(row)
@@ -559,6 +557,19 @@ def framed_json(result, untrusted=False, rows=None, offset=0, caps=FIELD_CAPS, h
         if scale < 0.05:
             raise RuntimeError("result cannot be bounded")
         scale /= 2
+
+
+def row_cost(row):
+    """Wire bytes a row adds: its ASCII-escaped JSON in the structured copy, plus its JSON inside the
+    text, whose quotes and backslashes are escaped once more on the wire. One dump gives both: each
+    non-ASCII character becomes ``\\uXXXX`` (+5), an astral one a surrogate pair (+11)."""
+    dumped = json.dumps(row, ensure_ascii=False, separators=(",", ":"))
+    escaped = len(dumped)
+    if not dumped.isascii():
+        non_ascii = len(dumped) - len(dumped.encode("ascii", "ignore"))
+        astral = len(dumped.encode("utf-16-le")) // 2 - len(dumped)
+        escaped += 5 * non_ascii + 6 * astral
+    return 2 * escaped + dumped.count('"') + dumped.count("\\") + 2
 
 
 def _frame(clean, rows, dropped, offset, untrusted, hint_next, scale):
