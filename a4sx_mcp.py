@@ -285,7 +285,7 @@ class Api:
                 self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), SameOriginRedirects)
             return self._opener
 
-    def call(self, method, path, params=None, *, token=None, data=None, headers=None, timeout=READ_TIMEOUT_S):
+    def call(self, method, path, params=None, *, token=None, data=None, headers=None, timeout=None):
         """One request; returns ``(status, parsed JSON body or {})``. ``token`` is given only for
         authenticated routes. Raises ``NetworkError`` when no complete answer arrived."""
         import http.client
@@ -307,7 +307,7 @@ class Api:
         started = time.monotonic()
         try:
             try:
-                resp = self.opener().open(req, timeout=timeout)
+                resp = self.opener().open(req, timeout=timeout or READ_TIMEOUT_S)
             except urllib.error.HTTPError as err:
                 resp = err
             with resp:
@@ -1739,6 +1739,11 @@ def tool_publish_session(call, args):
         raise api_failure(call.settings, status, body)
     body = body if isinstance(body, dict) else {}
     collection = _str(body.get("collection"))
+    if not collection:  # stored or not, the answer cannot say where: the same key finds out safely
+        raise ToolError("unreadable_answer", "The a4sx server accepted the upload but its answer could not be read. "
+                        "Call publish_session again with the same transcript and idempotency_key %s: a stored "
+                        "upload is returned, not saved twice." % headers["Idempotency-Key"],
+                        idempotency_key=headers["Idempotency-Key"], status=status)
     if untrusted and collection:
         try:
             lineage_sdk.mark_untrusted(base, collection)
