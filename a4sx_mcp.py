@@ -319,8 +319,6 @@ class Api:
             raise NetworkError(_network_reason(err)) from None
         log("debug", "http %s %s -> %s in %d ms" % (method, _route_of(path), status,
                                                     (time.monotonic() - started) * 1000))
-        if len(payload) > MAX_RESPONSE_BYTES:
-            raise NetworkError("the answer was larger than %d MiB" % (MAX_RESPONSE_BYTES >> 20))
         try:
             text = payload.decode("utf-8")
             del payload  # a large bundle is held once, not twice, while it is parsed
@@ -334,11 +332,12 @@ def _read_body(resp):
     """The whole body, read once into one buffer when its length is announced (a 27 MB bundle is
     not also held as a list of chunks); at most ``MAX_RESPONSE_BYTES``."""
     length = resp.headers.get("Content-Length") if resp.headers is not None else None
-    if length and length.strip().isdigit():
-        if int(length) > MAX_RESPONSE_BYTES:
-            raise ValueError("answer too large")
-        return resp.read()
-    return resp.read(MAX_RESPONSE_BYTES + 1)
+    announced = int(length) if length and length.strip().isdigit() else None
+    payload = b"" if announced and announced > MAX_RESPONSE_BYTES else (
+        resp.read() if announced is not None else resp.read(MAX_RESPONSE_BYTES + 1))
+    if (announced or len(payload)) > MAX_RESPONSE_BYTES:
+        raise NetworkError("the answer was larger than %d MiB" % (MAX_RESPONSE_BYTES >> 20))
+    return payload
 
 
 def _route_of(path):
@@ -353,8 +352,6 @@ def _network_reason(err):
     reason = getattr(err, "reason", err)
     if isinstance(reason, http.client.IncompleteRead):
         return "the a4sx server's answer was cut short"
-    if str(reason) == "answer too large":
-        return "the answer was larger than %d MiB" % (MAX_RESPONSE_BYTES >> 20)
     if isinstance(reason, socket.timeout) or "timed out" in str(reason):
         return "the a4sx server did not answer in time"
     if isinstance(reason, socket.gaierror):
@@ -404,15 +401,21 @@ _UNSAFE = re.compile("[\x00-\x08\x0e-\x1b\x1f\x7f\x80-\x84\x86-\x9f\ud800-\udfff
 
 def _unsafe_char(match):
     return "\ufffd" if match.group() >= "\ud800" else ""
+
+
 _LEADING_HASH = re.compile(r"^([ \t]*)#", re.M)
 _WHITESPACE = re.compile(r"\s+")
 
 
+def _defuse(text):
+    """Control characters dropped, lone surrogates replaced, ``<<<``/``>>>`` to ``‹‹‹``/``›››``."""
+    text = _UNSAFE.sub(_unsafe_char, text)
+    return text.replace("<<<", "\u2039\u2039\u2039").replace(">>>", "\u203a\u203a\u203a")
+
+
 def neutralize(text):
     """Line breaks to ``\\n``, ``<<<``/``>>>`` to ``‹‹‹``/``›››``, a line-leading ``#`` to ``\\#``."""
-    text = _UNSAFE.sub(_unsafe_char, _LINE_BREAKS.sub("\n", text))
-    text = text.replace("<<<", "\u2039\u2039\u2039").replace(">>>", "\u203a\u203a\u203a")
-    return _LEADING_HASH.sub("\\1\\\\#", text)
+    return _LEADING_HASH.sub("\\1\\\\#", _defuse(_LINE_BREAKS.sub("\n", text)))
 
 
 def clip(text, cap):
@@ -436,8 +439,7 @@ def _clean_line(text):
 def _one_line_whole(text):
     """``neutralize`` for one line: once whitespace is collapsed there is no line break left and
     only the first character can lead a line."""
-    text = _UNSAFE.sub(_unsafe_char, _WHITESPACE.sub(" ", text).strip())
-    text = text.replace("<<<", "\u2039\u2039\u2039").replace(">>>", "\u203a\u203a\u203a")
+    text = _defuse(_WHITESPACE.sub(" ", text).strip())
     return "\\" + text if text.startswith("#") else text
 
 
@@ -615,6 +617,16 @@ def parse_record(line):
         return None
 
 
+def byte_lines(data):
+    """The ``\\n``-separated lines of ``data``, one at a time (no list of them all)."""
+    start = 0
+    while start < len(data):
+        end = data.find(b"\n", start)
+        end = len(data) if end < 0 else end
+        yield data[start:end]
+        start = end + 1
+
+
 def check_transcript(data):
     """None when ``data`` (bytes) is a Claude Code or Codex CLI JSONL transcript, else why not (with
     the line). Decoded line by line, so a 2 MiB transcript is not copied whole as text."""
@@ -753,16 +765,6 @@ def canonical_turns(doc, tools):
     return turns
 
 
-def byte_lines(data):
-    """The ``\\n``-separated lines of ``data``, one at a time (no list of them all)."""
-    start = 0
-    while start < len(data):
-        end = data.find(b"\n", start)
-        end = len(data) if end < 0 else end
-        yield data[start:end]
-        start = end + 1
-
-
 def claude_turns(data, tools):
     """Turns of a Claude Code JSONL transcript (bytes). A record can only be a turn if it holds a
     "user" or "assistant" string token (or a \\u escape that could spell one), so lines without
@@ -788,7 +790,7 @@ def bundle_size(bundle):
 
 
 def pick_transcript(bundle):
-    """``("canonical", doc)`` or ``("jsonl", text)`` from the first session member, or None."""
+    """``("canonical", doc)`` or ``("jsonl", bytes)`` from the first session member, or None."""
     members = bundle.get("members") if isinstance(bundle, dict) else None
     member = next((m for m in members or [] if isinstance(m, dict) and m.get("kind") == "session"), None)
     if member is None:
@@ -1305,6 +1307,10 @@ def error_result(err):
     return Result(err.message, structured, True, err.code)
 
 
+def network_error(settings, err, hint=""):
+    return ToolError("network_error", "Could not reach the a4sx server at %s: %s.%s" % (settings.base, err, hint))
+
+
 def not_signed_in(settings):
     return ToolError("not_signed_in", "Not signed in to %s: run `%s` in a terminal, then try again."
                      % (settings.base, settings.login_hint()))
@@ -1427,13 +1433,14 @@ class Call:
             raise not_signed_in(self.settings)
         return token
 
-    def request(self, method, path, params=None, auth=False, ok=(200,), **kw):
-        """An API call whose non-``ok`` answers become the mapped ToolError."""
+    def request(self, method, path, params=None, auth=False, ok=(200,), token=None, **kw):
+        """An API call whose non-``ok`` answers become the mapped ToolError (``ok=None``: any status
+        is returned). ``token``: one the handler already read."""
         try:
-            status, body = self.api.call(method, path, params, token=self.token() if auth else None, **kw)
+            status, body = self.api.call(method, path, params, token=token or (self.token() if auth else None), **kw)
         except NetworkError as err:
-            raise ToolError("network_error", "Could not reach the a4sx server at %s: %s." % (self.settings.base, err))
-        if status not in ok:
+            raise network_error(self.settings, err)
+        if ok is not None and status not in ok:
             raise api_failure(self.settings, status, body)
         return status, body
 
@@ -1539,11 +1546,8 @@ def tool_acquire_session(call, args):
     if wait:
         raise ToolError("rate_limited", "Too many acquire_session calls; try again in %d s." % wait, retry_after_s=wait)
     sid, tenant = args["id"], args.get("tenant") or None
-    try:
-        status, body = call.api.call("POST", "/library/acquire/" + quote(sid, safe=""),
-                                     {"tenant": tenant, "version": args.get("version") or "latest"}, token=token)
-    except NetworkError as err:
-        raise ToolError("network_error", "Could not reach the a4sx server at %s: %s." % (call.settings.base, err))
+    status, body = call.request("POST", "/library/acquire/" + quote(sid, safe=""),
+                                {"tenant": tenant, "version": args.get("version") or "latest"}, ok=None, token=token)
     code, details = api_error_fields(body)
     if status in (200, 201) and isinstance(body, dict) and body.get("collection"):
         result = {"status": "acquired", "library_id": _str(body["collection"]), "version": body.get("version"),
@@ -1699,7 +1703,7 @@ def tool_publish_session(call, args):
         rows = call.library()
         row = resolve_parent(rows, args["parent"])
         parent = _str(row["id"]) if row else args["parent"]
-        untrusted = untrusted or bool(row and lineage_sdk.row_is_untrusted(row, rows, base))
+        untrusted = untrusted or bool(row and rows_untrusted(rows, base)(row))
     elif lineage.get("parent_cid"):
         parent = _str(lineage["parent_cid"])
         if lineage.get("parent_version"):
@@ -1733,8 +1737,7 @@ def tool_publish_session(call, args):
             raise Cancelled()
         attempt += 1
     if failure is not None:
-        raise ToolError("network_error", "Could not reach the a4sx server at %s: %s. The upload may be retried with the "
-                        "same idempotency_key." % (base, failure))
+        raise network_error(call.settings, failure, " The upload may be retried with the same idempotency_key.")
     if status not in (200, 201, 202):
         raise api_failure(call.settings, status, body)
     body = body if isinstance(body, dict) else {}
@@ -1744,7 +1747,7 @@ def tool_publish_session(call, args):
                         "Call publish_session again with the same transcript and idempotency_key %s: a stored "
                         "upload is returned, not saved twice." % headers["Idempotency-Key"],
                         idempotency_key=headers["Idempotency-Key"], status=status)
-    if untrusted and collection:
+    if untrusted:
         try:
             lineage_sdk.mark_untrusted(base, collection)
         except OSError:
