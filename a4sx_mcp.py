@@ -1250,6 +1250,11 @@ TOOLS = [
 for _tool in TOOLS:
     _tool["annotations"] = dict(_tool["annotations"], title=_tool["title"])
 TOOLS_BY_NAME = {tool["name"]: tool for tool in TOOLS}
+# Claude Code shows a tool result of more than ~50,000 characters to the model only as a 2 KB preview
+# (which would hold the BEGIN line but not the END line of the envelope) unless the tool declares a
+# larger size; fetch's largest result (max_tokens 100,000: 400,000 characters, JSON-escaped in the
+# structured copy) fits in 500,000.
+CLIENT_META = {"fetch_session_context": {"anthropic/maxResultSizeChars": 500000}}
 
 _PATTERNS = {}
 
@@ -1882,6 +1887,8 @@ def tools_for(version):
             shown["annotations"] = tool["annotations"]
         if version >= "2025-06-18":
             shown["title"] = tool["title"]
+            if tool["name"] in CLIENT_META:
+                shown["_meta"] = CLIENT_META[tool["name"]]
         out.append(shown)
     return out
 
