@@ -1472,6 +1472,51 @@ class Call:
 
 # --- search_sessions ----------------------------------------------------------------------------
 
+# Where a word is found counts for more in a name than in prose (library search).
+RANK_FIELDS = (("title", 6), ("label", 6), ("id", 5), ("tags", 4), ("description", 2), ("summary", 1))
+
+
+_COMBINING_MARKS = re.compile("[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]+")
+
+
+def fold(text):
+    """Lower case, accents dropped (``Café`` and ``cafe`` match)."""
+    if text.isascii():
+        return text.lower()
+    import unicodedata
+
+    return _COMBINING_MARKS.sub("", unicodedata.normalize("NFKD", text)).casefold()
+
+
+def ranked(rows, query, sort):
+    """The rows holding every word of ``query`` (in any of the rank fields), best first: the exact
+    phrase, then the words' weight (a whole word counts double, a word's start half again), then
+    ``sort`` (``recent``: newest ``updated_at``; otherwise the library's own order)."""
+    words = fold(query).split()
+    bounds = [(re.compile(r"(?<![^\W_])" + re.escape(w)), re.compile(r"(?<![^\W_])%s(?![^\W_])" % re.escape(w)))
+              for w in words]
+    phrase = " ".join(words)
+    scored = []
+    for index, row in enumerate(rows):
+        tags = " ".join(t for t in row.get("tags") or [] if isinstance(t, str))
+        fields = [(fold(tags if name == "tags" else _str(row.get(name))), weight) for name, weight in RANK_FIELDS]
+        score = 0.0
+        for word, (start, whole) in zip(words, bounds):
+            best = 0.0
+            for text, weight in fields:
+                if word in text:
+                    best = max(best, weight * (2.0 if whole.search(text) else 1.5 if start.search(text) else 1.0))
+            if not best:
+                break
+            score += best
+        else:
+            exact = len(words) > 1 and any(phrase in text for text, _ in fields)
+            updated = row.get("updated_at") if sort == "recent" and isinstance(row.get("updated_at"), str) else ""
+            scored.append((exact, score, updated, -index, row))
+    scored.sort(key=lambda item: item[:4], reverse=True)
+    return [item[4] for item in scored]
+
+
 
 def tool_search_sessions(call, args):
     query = args.get("query", "").strip()
@@ -1481,18 +1526,15 @@ def tool_search_sessions(call, args):
         rows = call.library()
         untrusted_of = rows_untrusted(rows, call.settings.base)
         wanted_tags = {t.lower() for t in args.get("tags", [])}
-        needle = query.lower()
         hits = []
         for row in rows:
-            haystack = " ".join(_str(row.get(k)) for k in ("id", "title", "label", "description", "summary")).lower()
             row_tags = {t.lower() for t in row.get("tags") or [] if isinstance(t, str)}
-            if needle and needle not in haystack:
-                continue
             if not wanted_tags <= row_tags:
                 continue
             if harness and harness_of(row.get("harness"))["id"] not in harness:
                 continue
             hits.append(row)
+        hits = ranked(hits, query, args["sort"])
         page = hits[offset: offset + limit]
         result = {"scope": "library", "query": query, "total": len(hits),
                   "next_offset": offset + len(page) if offset + len(page) < len(hits) else None,
