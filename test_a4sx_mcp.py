@@ -2394,6 +2394,159 @@ def test_every_input_property_is_described_briefly():
     assert sizes["2024-11-05"] < 6000 and sizes[MODERN] < 11000
 
 
+def _interop_library(srv, stub):
+    """Signs the interop server in and gives it one library session and one listing."""
+    from pathlib import Path
+
+    tok = make_token()
+    stub.tokens.add(tok)
+    creds = Path(srv.env["A4SX_CONFIG_DIR"]) / "credentials.json"
+    creds.write_text(json.dumps({stub.base: tok}))
+    os.chmod(creds, 0o600)
+    stub.library.append(library_row("lib-flaky", label="flaky-fix", title="Flaky fixture fix"))
+    stub.bundles["lib-flaky"] = bundle("lib-flaky", {"transcript.jsonl": claude_jsonl([
+        claude_record("user", "why is the fixture flaky"), claude_record("assistant", "teardown order")])})
+
+
+def _interop_features_check(found, srv):
+    ctx = "\nfindings: " + json.dumps(found, indent=1, default=str)[:6000] + srv.diag()
+    assert found.get("resources") == ["a4sx://library/lib-flaky"], "resources/list" + ctx
+    assert found.get("templates") == ["a4sx://library/{id}", "a4sx://marketplace/{id}"], "templates" + ctx
+    read = found.get("read") or ""
+    assert "<<<A4SX_UNTRUSTED_SESSION nonce=" in read and "teardown order" in read, "resources/read" + ctx
+    assert found.get("prompts") == ["load_session", "find_sessions", "save_session"], "prompts/list" + ctx
+    assert found.get("prompt") == ["text", "resource"], "prompts/get load_session" + ctx
+    assert found.get("complete") == ["lib-flaky"], "completion/complete" + ctx
+
+
+async def _interop_python_features(srv, mode):
+    import mcp
+    import mcp_types
+    from mcp.client.stdio import stdio_client
+
+    found = {"client": "python-" + mode}
+    params = mcp.StdioServerParameters(command=srv.command, args=srv.args, env=srv.env)
+    with open(srv.dir / "launcher.stderr", "w") as errlog:
+        client = mcp.Client(stdio_client(params, errlog=errlog), mode=mode,
+                            read_timeout_seconds=INTEROP_REQUEST_TIMEOUT_S)
+        async with client:
+            found["resources"] = [str(r.uri) for r in (await client.list_resources()).resources]
+            found["templates"] = [t.uri_template for t in (await client.list_resource_templates()).resource_templates]
+            found["read"] = (await client.read_resource("a4sx://library/lib-flaky")).contents[0].text
+            found["prompts"] = [p.name for p in (await client.list_prompts()).prompts]
+            prompt = await client.get_prompt("load_session", {"id": "flaky-fix"})
+            found["prompt"] = [m.content.type for m in prompt.messages]
+            ref = mcp_types.PromptReference(type="ref/prompt", name="load_session")
+            found["complete"] = (await client.complete(ref, {"name": "id", "value": "lib-"})).completion.values
+    return found
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy", "2026-07-28"])
+def test_interop_python_sdk_resources_prompts_completions(interop_server, interop_stub, mode):
+    try:
+        import anyio
+        import mcp  # noqa: F401
+    except ImportError as e:
+        _interop_missing("python package mcp==2.3.0 (%s)" % e)
+    _interop_library(interop_server, interop_stub)
+
+    async def main():
+        with anyio.fail_after(INTEROP_TIMEOUT_S):
+            return await _interop_python_features(interop_server, mode)
+
+    try:
+        found = anyio.run(main)
+    except BaseException as e:  # noqa: BLE001 - timeouts and exception groups
+        pytest.fail("python client (%s) failed: %r%s" % (mode, e, interop_server.diag()))
+    _interop_features_check(found, interop_server)
+
+
+_INTEROP_TS_FEATURES = r'''
+import { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
+
+const cfg = JSON.parse(process.argv[2]);
+const opts = { timeout: cfg.timeoutMs };
+const out = { client: 'typescript' };
+const transport = new StdioClientTransport({ command: cfg.command, args: cfg.args, env: cfg.env, stderr: 'inherit' });
+const client = new Client({ name: 'a4sx-interop-ts', version: '0.0.0' }, { capabilities: {} });
+try {
+  await client.connect(transport, opts);
+  out.capabilities = client.getServerCapabilities();
+  out.resources = (await client.listResources(undefined, opts)).resources.map((r) => r.uri);
+  out.templates = (await client.listResourceTemplates(undefined, opts)).resourceTemplates.map((t) => t.uriTemplate);
+  out.read = (await client.readResource({ uri: 'a4sx://library/lib-flaky' }, opts)).contents[0].text;
+  out.prompts = (await client.listPrompts(undefined, opts)).prompts.map((p) => p.name);
+  const prompt = await client.getPrompt({ name: 'load_session', arguments: { id: 'flaky-fix' } }, opts);
+  out.prompt = prompt.messages.map((m) => m.content.type);
+  const done = await client.complete({ ref: { type: 'ref/prompt', name: 'load_session' },
+                                       argument: { name: 'id', value: 'lib-' } }, opts);
+  out.complete = done.completion.values;
+} catch (e) {
+  out.error = String((e && e.stack) || e);
+} finally {
+  try { await client.close(); } catch (e) { out.close = String(e); }
+}
+process.stdout.write(JSON.stringify(out) + '\n', () => process.exit(0));
+'''
+
+
+def _run_node_script(interop_server, tmp_path, source):
+    node = shutil.which("node")
+    if node is None:
+        _interop_missing("node is not on PATH")
+    modules = _interop_node_modules()
+    if not (modules / "@modelcontextprotocol" / "sdk" / "package.json").exists():
+        _interop_missing("%s has no @modelcontextprotocol/sdk (npm install @modelcontextprotocol/sdk@1.32)" % modules)
+    workdir = tmp_path / "ts-features"
+    workdir.mkdir()
+    (workdir / "node_modules").symlink_to(modules, target_is_directory=True)
+    script = workdir / "client.mjs"
+    script.write_text(source)
+    cfg = {"command": interop_server.command, "args": interop_server.args, "env": interop_server.env,
+           "timeoutMs": int(INTEROP_REQUEST_TIMEOUT_S * 1000)}
+    proc = subprocess.run([node, str(script), json.dumps(cfg)], cwd=str(workdir), capture_output=True, text=True,
+                          timeout=INTEROP_TIMEOUT_S)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
+    assert lines, "node printed nothing: %s%s" % (proc.stderr[-3000:], interop_server.diag())
+    return json.loads(lines[-1])
+
+
+def test_interop_typescript_sdk_resources_prompts_completions(interop_server, interop_stub, tmp_path):
+    _interop_library(interop_server, interop_stub)
+    found = _run_node_script(interop_server, tmp_path, _INTEROP_TS_FEATURES)
+    assert "error" not in found, found["error"] + interop_server.diag()
+    assert set(found["capabilities"]) >= {"tools", "resources", "prompts", "completions"}
+    _interop_features_check(found, interop_server)
+
+
+def test_interop_inspector_cli_lists_resources_and_prompts(interop_server, interop_stub, tmp_path):
+    node = shutil.which("node")
+    launcher = (_interop_node_modules() / "@modelcontextprotocol" / "inspector" / "clients" / "launcher" / "build"
+                / "index.js")
+    if node is None or not launcher.exists():
+        _interop_missing("the MCP Inspector (npm install @modelcontextprotocol/inspector@2.12)")
+    _interop_library(interop_server, interop_stub)
+    found = {}
+    environ = dict(os.environ, HOME=str(tmp_path), MCP_CATALOG_PATH=str(tmp_path / "catalog.json"))
+    for method, extra in (("resources/list", []), ("resources/templates/list", []), ("prompts/list", []),
+                          ("resources/read", ["--uri", "a4sx://library/lib-flaky"]),
+                          ("prompts/get", ["--prompt-name", "load_session", "--prompt-args", "id=flaky-fix"])):
+        env_flags = [flag for key, value in interop_server.env.items() for flag in ("-e", "%s=%s" % (key, value))]
+        cmd = [node, str(launcher), "--cli", "--method", method] + extra + env_flags + [
+            "--", interop_server.command] + interop_server.args
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=INTEROP_TIMEOUT_S, env=environ,
+                              stdin=subprocess.DEVNULL)
+        assert done.returncode == 0, "%s: rc %s\n%s\n%s%s" % (method, done.returncode, done.stdout[-2000:],
+                                                               done.stderr[-2000:], interop_server.diag())
+        found[method] = json.loads(done.stdout)
+    assert [r["uri"] for r in found["resources/list"]["resources"]] == ["a4sx://library/lib-flaky"]
+    assert len(found["resources/templates/list"]["resourceTemplates"]) == 2
+    assert [p["name"] for p in found["prompts/list"]["prompts"]] == ["load_session", "find_sessions", "save_session"]
+    assert "<<<A4SX_UNTRUSTED_SESSION nonce=" in found["resources/read"]["contents"][0]["text"]
+    assert [m["content"]["type"] for m in found["prompts/get"]["messages"]] == ["text", "resource"]
+
+
 # ---------------------------------------------------------------------------------------------
 # Ready for users: --check, the offline demo, install paths, server.json, README, Python 3.9
 # ---------------------------------------------------------------------------------------------
