@@ -2208,7 +2208,8 @@ def test_resources_read_is_exactly_the_tool_text(spawn, stub, token, version):
         (content,) = result["contents"]
         assert content["uri"] == uri and content["mimeType"] == mime
         envelope_parts(content["text"])
-        tool_text = proc.call(tool, args, meta=MODERN_META if version == MODERN else None)["result"]["content"][0]["text"]
+        called = proc.call(tool, args, meta=MODERN_META if version == MODERN else None)
+        tool_text = called["result"]["content"][0]["text"]
         assert nonce.sub("nonce=N", content["text"]) == nonce.sub("nonce=N", tool_text)
         if version == MODERN:
             assert result["cacheScope"] == scope and result["resultType"] == "complete"
@@ -2632,6 +2633,15 @@ def test_offline_demo_drives_all_five_tools(tmp_path):
             assert not is_error and context["turns_total"] > 0, row["id"]
         saved, _, is_error = proc.tool("publish_session", {"transcript": cc_transcript("demo-new"), "title": "demo"})
         assert not is_error and saved["status"] == "saved"
+        # the names the demo prints for picking a session in the client, and what they give
+        hints = [demo.stdout.readline() for _ in range(4)]
+        assert "/mcp__a4sx-demo__load_session lib-demo-cc" in hints[1]
+        assert "@a4sx-demo:a4sx://library/lib-demo-cc" in hints[1] and "/mcp.a4sx-demo.load_session" in hints[2]
+        printed = re.findall(r"a4sx://library/[\w-]+", hints[3])
+        uris = [r["uri"] for r in proc.request("resources/list")["result"]["resources"]]
+        assert len(printed) == 3 and set(printed) <= set(uris)
+        prompt = proc.request("prompts/get", {"name": "load_session", "arguments": {"id": "rename-helper"}})["result"]
+        assert prompt["messages"][1]["content"]["resource"]["uri"] == "a4sx://library/lib-demo-cc"
         assert proc.close() == 0
     finally:
         demo.terminate()
