@@ -1838,10 +1838,10 @@ HANDLERS = {
 _TEXT = {"type": "string"}
 _FLAG = {"type": "boolean"}
 _COUNT = {"type": "integer", "minimum": 0}
-_ENVELOPED = {"type": "string", "description": "The result as one JSON line inside the nonce envelope: "
-                                               "json.loads(data.split(\"\\n\")[1])."}
+_ENVELOPED = {"type": "string",
+              "description": "One JSON line in the nonce envelope: json.loads(data.split(\"\\n\")[1])"}
 _ERROR_RESULT = {"properties": {"error": {"type": "string", "pattern": "^[a-z][a-z0-9_]{0,63}$"}, "message": _TEXT,
-                                "notice": _TEXT, "data": _ENVELOPED},
+                                "notice": _TEXT, "data": _TEXT},
                  "required": ["error", "message"]}
 
 
