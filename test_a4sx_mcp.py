@@ -664,7 +664,7 @@ def test_server_discover_without_meta_is_invalid_params(spawn):
     assert proc.request("server/discover")["error"]["code"] == -32602
 
 
-@pytest.mark.parametrize("method", ["ping", "logging/setLevel", "resources/subscribe", "prompts/list"])
+@pytest.mark.parametrize("method", ["ping", "logging/setLevel", "resources/subscribe", "resources/unsubscribe"])
 def test_methods_removed_in_the_modern_revision(spawn, method):
     proc = spawn(initialize=None)
     assert proc.request(method, {"_meta": MODERN_META, "level": "info"})["error"]["code"] == -32601
