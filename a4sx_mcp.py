@@ -1974,7 +1974,10 @@ def uri_target(uri):
         return None
     for kind, prefix in (("library", LIBRARY_URI), ("marketplace", MARKETPLACE_URI)):
         if uri.startswith(prefix):
-            item_id = unquote(uri[len(prefix):], errors="strict") if "%" in uri else uri[len(prefix):]
+            try:
+                item_id = unquote(uri[len(prefix):], errors="strict")
+            except UnicodeDecodeError:
+                return None
             return (kind, item_id) if validate(ID_SCHEMA, item_id, "id") is None else None
     return None
 

@@ -2186,13 +2186,17 @@ def test_resources_list_pages_the_library_privately(spawn, stub, token, version)
 
 
 def test_resource_uris_are_quoted_and_signed_out_lists_nothing(spawn, stub, env):
-    stub.library.append(library_row("team:s@1"))
+    library_session(stub, "team:s@1")
     proc = spawn()
     assert proc.request("resources/list")["result"] == {"resources": []}
     assert stub.requests("GET /library/sessions") == []
     tok = sign_in(env, stub.base)
     stub.tokens.add(tok)
-    assert proc.request("resources/list")["result"]["resources"][0]["uri"] == LIB_URI + "team%3As%401"
+    (resource,) = proc.request("resources/list")["result"]["resources"]
+    assert resource["uri"] == LIB_URI + "team%3As%401"
+    read = proc.request("resources/read", {"uri": resource["uri"]})["result"]["contents"][0]
+    assert read["uri"] == resource["uri"] and "question about team:s@1" in read["text"]
+    assert stub.requests("GET /library/fetch")[-1]["query"]["cid"] == "team:s@1"
 
 
 @pytest.mark.parametrize("version", LEGACY + [MODERN])
@@ -2222,7 +2226,8 @@ def test_resources_read_errors(spawn, stub, env, version):
     stub.listings["l-1"] = listing("l-1")
     proc = feature_proc(spawn, version)
     missing = -32602 if version == MODERN else -32002
-    for uri in ("a4sx://elsewhere/x", "https://example.invalid/", LIB_URI, LIB_URI + "%20bad", 42, None):
+    for uri in ("a4sx://elsewhere/x", "https://example.invalid/", LIB_URI, LIB_URI + "%20bad", LIB_URI + "%FF",
+                LIB_URI + "a/b", LIB_URI + "a?x=1", 42, None):
         error = feature(proc, version, "resources/read", {"uri": uri})["error"]
         assert error["code"] == missing and "Resource not found" in error["message"], uri
     error = feature(proc, version, "resources/read", {"uri": LIB_URI + "s-1"})["error"]
