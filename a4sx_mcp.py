@@ -1110,9 +1110,8 @@ TENANT_SCHEMA = {"type": "string", "maxLength": 64, "pattern": "^[a-z0-9-]*$"}
 VERSION_SCHEMA = {"type": "string", "maxLength": 64, "pattern": "^[A-Za-z0-9._-]*$"}
 TENANT_DESCRIBED = dict(TENANT_SCHEMA, description="The listing's owner (a search row's tenant); needed when "
                         "an id is not unique.")
-FETCH_BUDGET_HELP = ("Size cap in tokens (~4 characters each). Claude Code warns above 10000, moves results over "
-                     "50,000 characters (~12000) to a file and refuses above 25000 (MAX_MCP_OUTPUT_TOKENS); 8000 fits "
-                     "all clients.")
+FETCH_BUDGET_HELP = ("Size cap in tokens (~4 characters each). Clients may warn about, cut or refuse large results "
+                     "(Claude Code: above 10000 / 25000 tokens by default); keep 8000 unless the user asks for more.")
 HARNESS_IDS = ["claude-code", "codex-cli", "gemini-cli", "grok-build", "opencode", "unknown"]
 READ_ONLY = {"readOnlyHint": True, "destructiveHint": False, "idempotentHint": True, "openWorldHint": False}
 
