@@ -2115,7 +2115,7 @@ def complete(call, ref, argument):
     if not isinstance(value, str):
         raise FeatureError("invalid", "argument.value must be a string")
     if ref.get("type") == "ref/prompt":
-        prompt = PROMPTS_BY_NAME.get(ref.get("name"))
+        prompt = PROMPTS_BY_NAME.get(ref.get("name")) if isinstance(ref.get("name"), str) else None
         if prompt is None:
             raise FeatureError("invalid", "Unknown prompt: %s" % one_line(_str(ref.get("name")), 100))
         if name not in {arg["name"] for arg in prompt["arguments"]}:

@@ -536,7 +536,7 @@ def test_requests_before_initialize_without_modern_meta_are_refused(spawn):
     (b'{"jsonrpc":"2.0","id":8,"method":7}', -32600),
     (b'{"jsonrpc":"2.0","id":9,"method":"tools/list","params":[1]}', -32600),
     (b'{"jsonrpc":"2.0","id":10,"method":"no/such/method"}', -32601),
-    (b'{"jsonrpc":"2.0","id":11,"method":"resources/list"}', -32601),
+    (b'{"jsonrpc":"2.0","id":11,"method":"resources/subscribe"}', -32601),
     (b'{"jsonrpc":"2.0","id":12,"method":"logging/setLevel","params":{"level":"debug"}}', -32601),
     (b'{"jsonrpc":"2.0","id":13,"method":"tools/call","params":{"name":"no_such_tool"}}', -32602),
     (b'{"jsonrpc":"2.0","id":14,"method":"tools/call","params":{"arguments":{}}}', -32602),
@@ -2331,7 +2331,8 @@ def test_completion_of_ids_labels_and_enums(spawn, stub, token, version):
     assert complete({"type": "ref/resource", "uri": "a4sx://marketplace/{id}"}, "id", "x")["values"] == []
     assert len(stub.requests("GET /library/sessions")) == 1  # one listing, cached briefly
     for ref, name in (({"type": "ref/prompt", "name": "nope"}, "id"), (load, "nope"),
-                      ({"type": "ref/resource", "uri": "a4sx://other/{id}"}, "id"), ({"type": "ref/x"}, "id")):
+                      ({"type": "ref/resource", "uri": "a4sx://other/{id}"}, "id"), ({"type": "ref/x"}, "id"),
+                      ({"type": "ref/prompt", "name": ["load_session"]}, "id"), ("load_session", "id")):
         response = feature(proc, version, "completion/complete", {"ref": ref, "argument": {"name": name, "value": ""}})
         assert response["error"]["code"] == -32602
 
