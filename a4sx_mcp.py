@@ -1108,8 +1108,8 @@ def rows_untrusted(rows, base):
 ID_SCHEMA = {"type": "string", "minLength": 1, "maxLength": 200, "pattern": "^[A-Za-z0-9][A-Za-z0-9._:@-]*$"}
 TENANT_SCHEMA = {"type": "string", "maxLength": 64, "pattern": "^[a-z0-9-]*$"}
 VERSION_SCHEMA = {"type": "string", "maxLength": 64, "pattern": "^[A-Za-z0-9._-]*$"}
-TENANT_DESCRIBED = dict(TENANT_SCHEMA, description="The listing's owner (a search row's tenant); needed when "
-                        "an id is not unique.")
+TENANT_DESCRIBED = dict(TENANT_SCHEMA, description="The listing owner's handle: pass the tenant of the search "
+                        "row the id came from.")
 FETCH_BUDGET_HELP = ("Size cap in tokens (~4 characters each). Clients may warn about, cut or refuse large results "
                      "(Claude Code: above 10000 / 25000 tokens by default); keep 8000 unless the user asks for more.")
 HARNESS_IDS = ["claude-code", "codex-cli", "gemini-cli", "grok-build", "opencode", "unknown"]
@@ -1209,13 +1209,14 @@ TOOLS = [
                            "description": "The whole JSONL transcript file's text (at most 2 MiB)."},
             "content_sha256": {"type": "string", "pattern": "^[0-9a-fA-F]{64}$",
                                "description": "Hex SHA-256 of transcript: refused if it differs."},
-            "title": {"type": "string", "maxLength": 200, "description": "Default: the first user message."},
+            "title": {"type": "string", "maxLength": 200, "description": "A title; scrubbed like the transcript."},
             "label": {"type": "string", "maxLength": 64, "description": "A short name to find it by, e.g. \"db-fix\"."},
-            "parent": dict(ID_SCHEMA, description="The library id this continues; default: found from the "
-                                                  "transcript's lineage when known."),
+            "parent": dict(ID_SCHEMA, description="The library session this continues: an id, label or unique "
+                                                  "title part; default: the resumed session's, when recorded."),
             "visibility": {"type": "string", "enum": ["private"], "default": "private",
                            "description": "Always private."},
-            "client_scrubbed": {"type": "boolean", "description": "True if you already scrubbed it."},
+            "client_scrubbed": {"type": "boolean",
+                                "description": "Accepted for compatibility: it is always scrubbed here."},
             "idempotency_key": {"type": "string", "minLength": 1, "maxLength": 128, "pattern": "^[\\x21-\\x7e]+$",
                                 "description": "Reuse the same key to retry a save safely; default: a new one."},
         }, required=["transcript"]),
