@@ -2469,6 +2469,60 @@ def test_interop_python_sdk_resources_prompts_completions(interop_server, intero
     _interop_features_check(found, interop_server)
 
 
+@pytest.mark.parametrize("negotiation", ["default", "legacy"])
+def test_claude_code_runs_the_load_session_prompt_as_a_slash_command(stub, tmp_path, negotiation):
+    """Claude Code (print mode, a scripted model API on 127.0.0.1) expands /mcp__a4sx__load_session
+    through prompts/get and hands the model our fixed lead plus the framed session. Uses the Claude
+    Code harness of the issue 12 branch (FakeModelApi, ProxyTrap, _claude_offline_env)."""
+    harness = globals()
+    if not all(name in harness for name in ("FakeModelApi", "ProxyTrap", "_claude_offline_env", "CC_NODE_MODULES")):
+        pytest.skip("needs the Claude Code end-to-end harness (merged with issue 12)")
+    claude = harness["CC_NODE_MODULES"] / ".bin" / "claude"
+    if not claude.exists():
+        _interop_missing("%s not found (npm install @anthropic-ai/claude-code)" % claude)
+    token = stub_server.seed_demo(stub)
+    srv = _InteropServer(tmp_path, stub.base)
+    creds = tmp_path / "a4sx-config" / "credentials.json"
+    creds.write_text(json.dumps({stub.base: token}))
+    os.chmod(creds, 0o600)
+    bodies = []
+
+    class RecordingApi(harness["FakeModelApi"]):
+        def _turn(self, body, entry):
+            bodies.append(body)
+            return super()._turn(body, entry)
+
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"a4sx": {"type": "stdio", "command": srv.command,
+                                                           "args": srv.args, "env": srv.env}}}))
+    home, work = tmp_path / "claude-home", tmp_path / "claude-work"
+    home.mkdir()
+    work.mkdir()
+    api, trap = RecordingApi([]), harness["ProxyTrap"]()
+    environ = harness["_claude_offline_env"](home, api, trap)
+    if negotiation == "legacy":
+        environ["MCP_PROTOCOL_NEGOTIATION"] = "legacy"
+    try:
+        done = subprocess.run([str(claude), "-p", "/mcp__a4sx__load_session lib-demo-cc", "--output-format", "json",
+                               "--model", "claude-sonnet-4-5", "--mcp-config", str(config), "--strict-mcp-config",
+                               "--no-session-persistence"], cwd=str(work), env=environ, capture_output=True,
+                              text=True, timeout=120, stdin=subprocess.DEVNULL)
+    finally:
+        api.stop()
+        trap.stop()
+    ctx = "\nrc=%s\nstdout=%s\nstderr=%s%s" % (done.returncode, done.stdout[-2000:], done.stderr[-2000:], srv.diag())
+    assert trap.hits == [] and done.returncode == 0, ctx
+    assert "prompts/get" in srv.client_methods(), ctx
+    sent = [block for body in bodies for message in body.get("messages") or [] if message.get("role") == "user"
+            for block in (message["content"] if isinstance(message["content"], list) else [])]
+    texts = [block.get("text", "") for block in sent if isinstance(block, dict)]
+    assert a4sx_mcp.LOAD_SESSION_LEAD in texts, ctx
+    session = next(text for text in texts if "A4SX_UNTRUSTED_SESSION" in text)
+    framed = session[session.index("> a4sx reference material"):]  # Claude Code prefixes "[Resource from a4sx at …]"
+    _, inside, _, _ = envelope_parts(framed)
+    assert inside[0] == "Title: My refactoring session"
+    assert not any("parse_cfg" in text for text in texts if "A4SX_UNTRUSTED_SESSION" not in text)
+
 _INTEROP_TS_FEATURES = r'''
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
