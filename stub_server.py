@@ -597,6 +597,12 @@ def _print_demo(stub, token):
     print("# MCP client config:")
     print(json.dumps({"mcpServers": {"a4sx-demo": {"command": sys.executable, "args": [server], "env": env}}},
                      indent=2))
+    ids = [row["id"] for row in stub.library]
+    print("# Pick a library session yourself (server name a4sx-demo):")
+    print("#   Claude Code: /mcp__a4sx-demo__load_session %s   or   @a4sx-demo:a4sx://library/%s" % (ids[0], ids[0]))
+    print("#   VS Code: /mcp.a4sx-demo.load_session, or Add Context > MCP Resources > a4sx-demo")
+    print("#   prompts: load_session, find_sessions, save_session; resources: %s"
+          % ", ".join("a4sx://library/" + i for i in ids))
     sys.stdout.flush()
 
 
