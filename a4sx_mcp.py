@@ -371,7 +371,7 @@ def api_error_fields(body):
         code, details = err.get("code"), err.get("details")
     else:
         code, details = err, None
-    code = code if isinstance(code, str) and re.match(r"^[a-z][a-z0-9_.-]{0,63}$", code) else ""
+    code = code if isinstance(code, str) and re.fullmatch(r"[a-z][a-z0-9_]{0,63}", code) else ""
     return code, details if isinstance(details, dict) else {}
 
 

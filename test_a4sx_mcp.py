@@ -379,7 +379,7 @@ def structured_parts(structured):
         if key in ("notice", framed_key) or (key == "message" and "error" in structured):
             continue
         if key == "error":
-            assert re.fullmatch("[a-z][a-z0-9_.-]{0,63}", value), value
+            assert re.fullmatch("[a-z][a-z0-9_]{0,63}", value), value
             continue
         assert key in a4sx_mcp.SERVER_FIELDS, key
         assert not isinstance(value, (dict, list)), (key, value)
@@ -4011,7 +4011,7 @@ MORE_RESULTS = "more results: call again with offset = next_offset"
 FIXED_NEXT = (a4sx_mcp.ACQUIRED_NEXT, a4sx_mcp.NEVER_BUYS, MORE_RESULTS)
 BAD_CHARS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
 ONE_LINE_BAD = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
-CODE_SHAPE = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
+CODE_SHAPE = re.compile(r"[a-z][a-z0-9_]{0,63}\Z")
 NOTICE_ABOUT = (None, a4sx_mcp.ABOUT_HINTS, a4sx_mcp.ABOUT_FIELDS % "data", a4sx_mcp.ABOUT_FIELDS % "context")
 
 
