@@ -3606,6 +3606,12 @@ def assert_never_bought_and_one_version_per_publish(stub):
     assert all(count == 1 for count in per_key.values()), per_key  # a publish call never stores two versions
 
 
+def new_account(env, stub):
+    """Signs in afresh (a new token): the server provisions the library again (ensure is sent once
+    per account and process)."""
+    stub.tokens.add(sign_in(env, stub.base))
+
+
 def closed_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -3687,7 +3693,7 @@ def test_fault_dns_failure_in_process(stub, token, monkeypatch):
     seed_stub(stub)
     api = a4sx_mcp.Api(a4sx_mcp.Settings(stub.base))
     with pytest.raises(a4sx_mcp.NetworkError) as caught:
-        api.call("GET", "/library/sessions", token=token)
+        api.call("library")
     assert str(caught.value) == "the a4sx server's name could not be resolved"
     assert token not in repr(caught.value) and token not in repr(api.__dict__)
     server = InProc(stub.base)
@@ -3698,7 +3704,7 @@ def test_fault_dns_failure_in_process(stub, token, monkeypatch):
     assert looked_up and stub.requests() == []
 
 
-def test_fault_answers_slower_than_the_timeout(stub, token, monkeypatch):
+def test_fault_answers_slower_than_the_timeout(stub, token, monkeypatch, env):
     monkeypatch.setattr(a4sx_mcp, "READ_TIMEOUT_S", 0.3)
     monkeypatch.setattr(a4sx_mcp, "PUBLISH_RETRY_WAITS_S", (0.05, 0.05))
     monkeypatch.setenv("A4SX_UPLOAD_TIMEOUT_S", "1")
@@ -3706,6 +3712,7 @@ def test_fault_answers_slower_than_the_timeout(stub, token, monkeypatch):
     server = InProc(stub.base)
     for name, arguments, route in FAULT_CALLS:
         before = len(stub.requests(route))
+        new_account(env, stub)
         stub.queue(route, status=None, delay=0.8)  # the normal answer, late
         started = time.monotonic()
         structured, text, is_error = server.tool(name, arguments)
@@ -3755,7 +3762,7 @@ def test_fault_cut_body_is_a_network_error(mcp, stub, token):
 NON_JSON = b"<html><body>502 Bad Gateway</body></html>"
 
 
-def test_fault_non_json_bodies_are_treated_as_empty(mcp, stub, token):
+def test_fault_non_json_bodies_are_treated_as_empty(mcp, stub, token, env):
     seed_stub(stub)
     expectations = {  # api.md: "A body that is not JSON is treated as {}"
         "GET /memory/discover": lambda s, e: not e and s["items"] == [] and s["total"] == 0,
@@ -3772,6 +3779,7 @@ def test_fault_non_json_bodies_are_treated_as_empty(mcp, stub, token):
         structured, text, is_error = mcp.tool(name, arguments)
         assert expectations[route](structured, is_error), (name, route, structured)
         assert len(stub.requests(route)) == before + 1
+        new_account(env, stub)
         stub.queue(route, 500, raw=NON_JSON)
         structured, text, is_error = mcp.tool(name, arguments)
         assert is_error and structured["error"] == "http_error" and structured["status"] == 500, structured
@@ -3911,7 +3919,8 @@ def test_fault_401_mid_session_then_accepted_again(mcp, stub, token):
             continue
         assert is_error and structured["error"] == "credential_not_accepted" and "a4sx login" in text, structured
         assert token not in text
-    assert len(stub.pushes) == 1 and len(stub.requests("POST /library/push")) == 1
+    # this account's library was provisioned already: the push itself is refused, nothing stored
+    assert len(stub.pushes) == 1 and len(stub.requests("POST /library/push")) == 2
     stub.tokens.add(token)  # signed in again
     for name, arguments, _ in FAULT_CALLS:
         assert not mcp.tool(name, arguments)[2], name
