@@ -282,10 +282,14 @@ CONNECT_TIMEOUT_S = 10
 IDLE_CLOSE_S = 20       # a kept-alive connection unused this long is closed
 MAX_REDIRECTS = 3
 REDIRECT_STATUSES = (301, 302, 303, 307, 308)
-# The shape check: what json.loads may allocate per structural byte (64-bit CPython: a dict with
-# its GC header ~232 bytes, a list 72 + 8 per item, a str ~57, a number or item pointer ~40).
-PARSE_COST = ((b"{", 232), (b"[", 72), (b'"', 29), (b",", 40), (b":", 8))
-PARSE_BUDGET = 2  # x the answer's bytes; with the raw bytes and the decoded text: peak <= 4x
+# The shape check: the most json.loads allocates per structural byte on 64-bit CPython (an empty
+# dict 80, a list 72, a string's header and pointer 2 x 30, a number and its pointer 40, a dict
+# slot 56), measured with tracemalloc on the worst shapes ([{},{},...], [1000,...], {"k1":1,...}).
+# An answer whose decoded text plus this estimate exceeds PARSE_BUDGET x its bytes is refused, so
+# no answer makes memory grow more than PARSE_BUDGET x its own size. Real listings estimate ~10x
+# (they parse to ~4.7x: short strings are costly objects); [{},{},...] estimates 40x.
+PARSE_COST = ((b"{", 80), (b"[", 72), (b'"', 30), (b",", 40), (b":", 56))
+PARSE_BUDGET = 12
 
 
 class NetworkError(Exception):
@@ -425,7 +429,9 @@ class Api:
                                                     (time.monotonic() - started) * 1000))
         if status in REDIRECT_STATUSES:
             return status, {}
-        return status, _parse(payload)
+        held = [payload]
+        del payload  # _parse frees the bytes once they are decoded
+        return status, _parse(held)
 
     def account(self):
         """Which account the stored token is for, as a salted digest (the token is not kept)."""
@@ -622,17 +628,23 @@ def _size(n):
     return "%d MiB" % (n // MiB) if n >= MiB else "%d KiB" % (n // KiB)
 
 
-def _parse(payload):
-    """The body as JSON, ``{}`` when it is not JSON; refused (``NetworkError``) when its shape would
-    make parsing allocate more than ``PARSE_BUDGET`` times its size."""
-    if not payload:
+def _parse(held):
+    """The body (the only item of ``held``) as JSON, ``{}`` when it is not JSON. Refused
+    (``NetworkError``) when parsing could allocate more than ``PARSE_BUDGET`` times its size."""
+    payload = held.pop()
+    size = len(payload)
+    if not size:
         return {}
     cost = sum(payload.count(char) * each for char, each in PARSE_COST)
-    if cost > PARSE_BUDGET * len(payload) + 64 * KiB:
-        raise NetworkError("the answer's shape was refused (%d bytes that would parse into far more)" % len(payload))
     try:
         text = payload.decode("utf-8")
-        del payload  # a large bundle is held once, not twice, while it is parsed
+    except ValueError:
+        return {}
+    del payload  # a large bundle is held once, not twice, while it is parsed
+    if sys.getsizeof(text) + cost > PARSE_BUDGET * size + 64 * KiB:
+        raise NetworkError("the answer's shape was refused: %d bytes that would parse into more than %d times "
+                           "that" % (size, PARSE_BUDGET))
+    try:
         return json.loads(text)
     except (ValueError, RecursionError):
         return {}
@@ -643,7 +655,7 @@ def _network_reason(err):
     import socket
     import ssl
 
-    reason = getattr(err, "reason", err)
+    reason = err if isinstance(err, ssl.SSLError) else getattr(err, "reason", err)
     if isinstance(reason, ssl.SSLCertVerificationError):
         return "the a4sx server's TLS certificate was not accepted (a certificate problem: %s); trusted: %s" % (
             _str_param(getattr(reason, "verify_message", "") or "verification failed")[:200], trust_store())
@@ -656,7 +668,7 @@ def _network_reason(err):
     if isinstance(reason, ConnectionRefusedError):
         return "the a4sx server refused the connection"
     if isinstance(reason, ssl.SSLError):
-        return "the TLS connection to the a4sx server failed (%s)" % _str_param(reason.reason or "")[:80]
+        return "the TLS connection to the a4sx server failed (%s)" % _str_param(reason.reason or "TLS error")[:80]
     return "the connection to the a4sx server failed"
 
 

@@ -75,6 +75,11 @@ def _guarded(original):
     def connect(self, address):
         if self.family in (socket.AF_INET, socket.AF_INET6) and not _loopback(address[0]):
             _violation("connect %r" % (address[0],))
+        trace = os.environ.get("TEST_CONNECT_LOG")  # who opens sockets: the route table's test
+        if trace and self.family in (socket.AF_INET, socket.AF_INET6):
+            import traceback
+            with open(trace, "a") as f:
+                f.write("%s %s\n" % (address[1], " ".join(frame.name for frame in traceback.extract_stack())))
         return original(self, address)
     return connect
 socket.socket.connect = _guarded(socket.socket.connect)
@@ -3926,6 +3931,278 @@ def test_fault_401_mid_session_then_accepted_again(mcp, stub, token):
         assert not mcp.tool(name, arguments)[2], name
     assert len(stub.pushes) == 2
     assert_never_bought_and_one_version_per_publish(stub)
+
+
+# ---------------------------------------------------------------------------------------------
+# The HTTP client over real sockets: the route table, keep-alive, deadlines, caps, redirects, TLS
+# ---------------------------------------------------------------------------------------------
+
+NET_CALLS = FAULT_CALLS + [("publish_session", {"transcript": FUZZ_TRANSCRIPT}, "POST /library/push")]
+
+
+def wait_until(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.01)
+
+
+def other_stub(env, **options):
+    """A second stub (TLS, closing, idle-closing) with a token signed in for it."""
+    srv = Stub(**options)
+    srv.tokens.add(sign_in(env, srv.base))
+    seed_stub(srv)
+    return srv
+
+
+def test_only_the_route_table_opens_sockets(spawn, stub, token, tmp_path):
+    trace = tmp_path / "connects.log"
+    seed_stub(stub)
+    proc = spawn(extra_env={"TEST_CONNECT_LOG": str(trace)})
+    proc.request("tools/list")
+    time.sleep(0.3)  # the warm-up after the handshake sends nothing
+    assert not trace.exists() and stub.connections == 0 and stub.requests() == []
+    for name, arguments, _ in NET_CALLS:
+        proc.tool(name, arguments)
+    assert proc.close() == 0
+    lines = trace.read_text().splitlines()
+    assert len(lines) == stub.connections >= 1
+    for line in lines:  # every socket this process opened was opened for a request of the table
+        assert line.split()[0] == str(stub.port) and "_exchange" in line.split(), line
+    table = [(r.method, r.path.split("{")[0]) for r in a4sx_mcp.ROUTES.values()]
+    for request in stub.requests():
+        assert any(request["method"] == method and (request["path"] == path or path.endswith("/")
+                                                    and request["path"].startswith(path)) for method, path in table)
+
+
+def test_calls_share_kept_alive_connections_and_ensure_is_sent_once(mcp, stub, token):
+    seed_stub(stub)
+    for name, arguments, _ in NET_CALLS * 3:
+        structured, _, is_error = mcp.tool(name, arguments)
+        assert not is_error, (name, structured)
+    assert len(stub.requests()) >= 3 * len(NET_CALLS)
+    assert stub.connections <= 2  # fetch's two requests overlap: at most two at once
+    assert len(stub.requests("POST /library/ensure")) == 1
+
+
+def test_a_server_that_closes_after_every_answer(spawn, env):
+    srv = other_stub(env, close_each=True)
+    try:
+        proc = spawn(base=srv.base)
+        for name, arguments, _ in NET_CALLS:
+            structured, _, is_error = proc.tool(name, arguments)
+            assert not is_error, (name, structured)
+        assert srv.connections == len(srv.requests())
+    finally:
+        srv.stop()
+
+
+def test_connections_the_server_closed_while_idle_are_replaced(spawn, env):
+    srv = other_stub(env, idle_close=0.3)
+    try:
+        proc = spawn(base=srv.base)
+        assert not proc.tool("search_sessions", {"scope": "library"})[2]
+        time.sleep(0.7)
+        assert not proc.tool("acquire_session", {"id": "l-1"})[2]  # a POST without a key: a live connection
+        assert srv.connections == 2 and len(srv.requests()) == 2
+    finally:
+        srv.stop()
+
+
+def test_a_stale_connection_retries_a_get_once_and_never_a_post_without_key(mcp, stub, token):
+    seed_stub(stub)
+    assert not mcp.tool("search_sessions", {})[2]  # a kept-alive connection now
+    stub.queue("GET /library/sessions", drop=True)  # closed as the request arrived
+    structured, _, is_error = mcp.tool("search_sessions", {"scope": "library"})
+    assert not is_error and len(stub.requests("GET /library/sessions")) == 2
+    stub.queue("POST /library/acquire", drop=True)
+    structured, text, is_error = mcp.tool("acquire_session", {"id": "l-1"})
+    assert is_error and structured["error"] == "network_error" and "connection" in text
+    assert len(stub.requests("POST /library/acquire")) == 1
+    before = len(stub.requests("GET /memory/discover"))
+    assert not mcp.tool("search_sessions", {})[2]
+    stub.queue("GET /memory/discover", drop=True)
+    stub.queue("GET /memory/discover", drop=True)  # the retry, on a fresh connection, fails too: no third
+    structured, _, is_error = mcp.tool("search_sessions", {})
+    assert is_error and structured["error"] == "network_error"
+    assert len(stub.requests("GET /memory/discover")) == before + 3
+    assert not mcp.tool("search_sessions", {})[2]
+    stub.queue("POST /library/push", drop=True)  # the push carries an Idempotency-Key: repeated, stored once
+    structured, _, is_error = mcp.tool("publish_session", {"transcript": cc_transcript("stale-1")})
+    assert not is_error and len(stub.pushes) == 1
+    assert_never_bought_and_one_version_per_publish(stub)
+
+
+def test_a_trickling_answer_ends_at_the_route_deadline(stub, token, monkeypatch):
+    seed_stub(stub)
+    monkeypatch.setitem(a4sx_mcp.ROUTES, "discover", a4sx_mcp.Route("GET", "/memory/discover", False, 4096, 1, "yes"))
+    stub.queue("GET /memory/discover", 200, {"items": [], "pad": "x" * 400}, trickle=0.05)  # 20 s in all
+    server = InProc(stub.base)
+    started = time.monotonic()
+    structured, text, is_error = server.tool("search_sessions", {})
+    took = time.monotonic() - started
+    assert is_error and structured["error"] == "network_error" and "1 s deadline" in text, text
+    assert 0.9 < took < 1.6, took
+    assert not server.tool("search_sessions", {})[2]  # the next call is fine
+
+
+def test_cancel_ends_a_call_blocked_in_a_read_at_once(spawn, stub, token):
+    proc = spawn(extra_env={"A4SX_MCP_LOG": "info"})
+    stub.queue("GET /library/sessions", 200, {"sessions": []}, stall=True)
+    proc.send({"jsonrpc": "2.0", "id": "hang-1", "method": "tools/call",
+               "params": {"name": "search_sessions", "arguments": {"scope": "library"}}})
+    wait_until(lambda: stub.requests("GET /library/sessions"))
+    time.sleep(0.2)
+    sent = time.monotonic()
+    proc.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "hang-1"}})
+    wait_until(lambda: any("outcome=cancelled" in line for line in proc.stderr), timeout=5)
+    assert time.monotonic() - sent < 0.5
+    assert "result" in proc.request("ping")
+    assert all(not (isinstance(m, dict) and m.get("id") == "hang-1") for m in getattr(proc, "notes", []))
+
+
+def test_public_reads_are_answered_while_eight_calls_hang(spawn, stub, token):
+    seed_stub(stub)
+    proc = spawn()
+    for i in range(8):
+        stub.queue("GET /library/sessions", 200, {"sessions": []}, stall=True)
+        proc.send({"jsonrpc": "2.0", "id": "hang-%d" % i, "method": "tools/call",
+                   "params": {"name": "search_sessions", "arguments": {"scope": "library"}}})
+    wait_until(lambda: len(stub.requests("GET /library/sessions")) == 8)
+    started = time.monotonic()
+    for name, arguments, _ in FAULT_CALLS[:1] + FAULT_CALLS[2:3]:
+        structured, _, is_error = proc.tool(name, arguments, timeout=10)
+        assert not is_error, structured
+    assert time.monotonic() - started < 3
+    for i in range(8):
+        proc.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "hang-%d" % i}})
+    assert not proc.tool("search_sessions", {"scope": "library"}, timeout=10)[2]  # the workers are free again
+
+
+def peak_growth(pid, fn):
+    """Runs ``fn``; returns how far the process's peak RSS rose above its RSS before (bytes)."""
+    def kib(field):
+        with open("/proc/%d/status" % pid) as f:
+            return int(next(line for line in f if line.startswith(field + ":")).split()[1])
+
+    with open("/proc/%d/clear_refs" % pid, "w") as f:
+        f.write("5")  # resets the high-water mark
+    before = kib("VmRSS")
+    result = fn()
+    return (kib("VmHWM") - before) * 1024, result
+
+
+HOSTILE_SHAPES = [(b"[", b"{},", b"{}]"), (b"[", b"[],", b"[]]"), (b'{"items":[', b"1000,", b"1]}"),
+                  (b"[", b'"ab",', b'"a"]'), (b"{", b'"k":1,', b'"k":1}')]
+HOSTILE_ROUTES = [("search_sessions", {}, "GET /memory/discover", 3 << 20),
+                  ("search_sessions", {"scope": "library"}, "GET /library/sessions", 6 << 20),
+                  ("get_session_summary", {"id": "l-1"}, "GET /memory/discover/item", 3 << 20),
+                  ("acquire_session", {"id": "l-1"}, "POST /library/acquire", 900 << 10),
+                  ("fetch_session_context", {"id": "s-1"}, "GET /library/fetch", 40 << 20)]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_hostile_answers_on_every_route_stay_within_the_memory_bound(mcp, stub, token):
+    seed_stub(stub)
+    pid = mcp.proc.pid
+    for name, arguments, route, size in HOSTILE_ROUTES:
+        assert not mcp.tool(name, arguments)[2]  # every code path once before measuring
+        cap = a4sx_mcp.ROUTES[{"GET /memory/discover": "discover", "GET /library/sessions": "library",
+                               "GET /memory/discover/item": "listing", "POST /library/acquire": "acquire",
+                               "GET /library/fetch": "fetch"}[route]].max_bytes
+        for head, unit, tail in HOSTILE_SHAPES:  # under the cap, a shape that parses into far more
+            stub.queue(route, 200, flood=(head, unit, size // len(unit), tail))
+            grown, (structured, text, is_error) = peak_growth(pid, lambda: mcp.tool(name, arguments, timeout=60))
+            if unit == b"1000,":  # numbers parse to ~7x: within the budget, so parsed (the answer is empty)
+                assert grown <= a4sx_mcp.PARSE_BUDGET * size + (8 << 20), (route, unit, grown / size)
+                continue
+            assert is_error and structured["error"] == "network_error" and "shape" in text, (route, unit, text)
+            assert grown <= 4 * size + (8 << 20), (route, unit, grown / size)  # refused at ~2x: bytes and text
+        if cap < 64 << 20:  # over the cap, announced or not: refused without holding more than the cap
+            for announce in (True, False):
+                stub.queue(route, 200, flood=(b"[", b"0,", (cap + 100) // 2, b"0]"), announce=announce)
+                grown, (structured, text, is_error) = peak_growth(pid, lambda: mcp.tool(name, arguments, timeout=60))
+                assert is_error and "larger than" in text, (route, text)
+                assert grown <= 2 * cap + (8 << 20), (route, grown / cap)
+    rows = [listing("big-%05d" % i, description="d" * 200) for i in range(4000)]  # ~3.5 MB of real rows
+    stub.listings.update((row["id"], row) for row in rows)
+    grown, (structured, _, is_error) = peak_growth(pid, lambda: mcp.tool("search_sessions", {"limit": 50}))
+    assert not is_error and len(structured["items"]) >= 1
+    assert grown <= a4sx_mcp.PARSE_BUDGET * 4 * (1 << 20)
+
+
+def test_redirects_only_for_gets_to_a_route_of_the_same_origin_for_three_hops(mcp, stub, token):
+    seed_stub(stub)
+    stub.queue("GET /memory/discover", 302, redirect="/memory/discover?q=l-1")
+    assert mcp.tool("search_sessions", {})[0]["items"][0]["id"] == "l-1"  # same origin, a route: followed
+    for status, location in ((302, "/billing/purchase"), (307, stub.base + "/billing/purchase?x=1"),
+                             (301, "/memory/discover/../../billing"), (303, "/library/push")):
+        stub.queue("GET /memory/discover", status, redirect=location)
+        structured, text, is_error = mcp.tool("search_sessions", {})
+        assert is_error and structured["status"] == status and "HTTP %d" % status in text, (location, structured)
+    stub.queue("POST /library/acquire", 307, redirect="/library/acquire/l-1")  # a POST: never followed
+    structured, text, is_error = mcp.tool("acquire_session", {"id": "l-1"})
+    assert is_error and structured["status"] == 307 and len(stub.requests("POST /library/acquire")) == 1
+    before = len(stub.requests("GET /memory/discover"))
+    for _ in range(4):
+        stub.queue("GET /memory/discover", 302, redirect="/memory/discover")
+    structured, _, is_error = mcp.tool("search_sessions", {})
+    assert is_error and structured["status"] == 302
+    assert len(stub.requests("GET /memory/discover")) == before + 4  # the request and three hops
+    assert_never_bought_and_one_version_per_publish(stub)
+
+
+@pytest.fixture
+def tls_files(tmp_path):
+    trustme = pytest.importorskip("trustme")
+    import ssl
+
+    ca, wrong = trustme.CA(), trustme.CA()
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(context)
+    files = {"context": context}
+    for name, authority in (("ca", ca), ("wrong", wrong)):
+        files[name] = str(tmp_path / ("%s.pem" % name))
+        authority.cert_pem.write_to_path(files[name])
+    return files
+
+
+def test_tls_with_the_test_ca_and_a_clear_error_with_the_wrong_one(spawn, env, tls_files):
+    srv = other_stub(env, tls=tls_files["context"])
+    try:
+        assert srv.base.startswith("https://127.0.0.1:")
+        proc = spawn(base=srv.base, extra_env={"SSL_CERT_FILE": tls_files["ca"]})
+        for name, arguments, _ in NET_CALLS:
+            structured, _, is_error = proc.tool(name, arguments)
+            assert not is_error, (name, structured)
+        assert srv.connections <= 2
+        proc = spawn(base=srv.base, extra_env={"SSL_CERT_FILE": tls_files["wrong"]})
+        structured, text, is_error = proc.tool("search_sessions", {})
+        assert is_error and structured["error"] == "network_error" and "certificate problem" in text, text
+        assert "SSL_CERT_FILE" in text
+        check = subprocess.run([sys.executable, SERVER, "--check", "--base", srv.base], capture_output=True, text=True,
+                               timeout=60, env=dict(os.environ, SSL_CERT_FILE=tls_files["ca"]))
+        assert "tls:" in check.stdout and "SSL_CERT_FILE" in check.stdout and "answers:    yes" in check.stdout
+    finally:
+        srv.stop()
+
+
+def test_fetch_overlaps_its_two_requests(mcp, stub, token):
+    seed_stub(stub)
+    stub.queue("GET /library/fetch", status=None, delay=0.6)
+    stub.queue("GET /library/sessions", status=None, delay=0.6)
+    started = time.monotonic()
+    structured, _, is_error = mcp.tool("fetch_session_context", {"id": "s-1"})
+    assert not is_error and time.monotonic() - started < 1.1, structured
+
+
+def test_a_push_that_finds_the_library_gone_ensures_it_again(mcp, stub, token):
+    assert not mcp.tool("publish_session", {"transcript": cc_transcript("gone-1")})[2]
+    stub.queue("POST /library/push", 404, {"error": {"code": "library_not_found"}})
+    structured, _, is_error = mcp.tool("publish_session", {"transcript": cc_transcript("gone-2")})
+    assert not is_error and structured["status"] == "saved", structured
+    assert len(stub.requests("POST /library/ensure")) == 2 and len(stub.pushes) == 2
+
 
 
 # =============================================================================================
