@@ -22,6 +22,7 @@ import os
 import secrets
 import shlex
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -149,6 +150,7 @@ class _Server(ThreadingHTTPServer):
     def get_request(self):
         """Counts each connection; TLS is wrapped here, its handshake done in the handler's thread."""
         sock, addr = self.socket.accept()
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # headers and body: no Nagle wait
         with self.stub._lock:
             self.stub.connections += 1
         if self.stub.tls is not None:
