@@ -3980,6 +3980,16 @@ def test_only_the_route_table_opens_sockets(spawn, stub, token, tmp_path):
                                                     and request["path"].startswith(path)) for method, path in table)
 
 
+def test_the_tls_context_is_warmed_after_the_handshake_without_a_request(monkeypatch):
+    connects = []
+    monkeypatch.setattr(a4sx_mcp, "_ssl_context", None)
+    monkeypatch.setattr(socket.socket, "connect", lambda self, address: connects.append(address))
+    server = InProc("https://127.0.0.1:%d" % closed_port())  # answers initialize, then warms up
+    wait_until(lambda: a4sx_mcp._ssl_context is not None, timeout=5)
+    assert a4sx_mcp._ssl_context.check_hostname and a4sx_mcp.ssl_context() is a4sx_mcp._ssl_context
+    assert server.request("tools/list")["result"]["tools"] and connects == []
+
+
 def test_calls_share_kept_alive_connections_and_ensure_is_sent_once(mcp, stub, token):
     seed_stub(stub)
     for name, arguments, _ in NET_CALLS * 3:
