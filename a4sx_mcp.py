@@ -572,7 +572,8 @@ class Api:
                 while self.idle and now - self.idle[0][1] >= IDLE_CLOSE_S:
                     self.idle.pop(0)[0].close()
                 wake = [w[0] for w in self.watched.values() if w[2] is None] + [s + IDLE_CLOSE_S for _, s in self.idle]
-                self.cond.wait(max(0.005, min(wake) - now) if wake else None)
+                if self.watched or self.idle:
+                    self.cond.wait(max(0.005, min(wake) - now) if wake else None)
             self.watcher = None
 
 
@@ -2135,6 +2136,7 @@ REMOVED_IN_MODERN = ("initialize", "ping", "logging/setLevel", "resources/subscr
 KNOWN_METHODS = ("initialize", "ping", "server/discover", "tools/list", "tools/call")
 MAX_PROGRESS_NOTES = 32
 TOOL_WORKERS = 8
+SPARE_IDLE_S = 2
 MAX_PENDING_CALLS = 4096
 
 INSTRUCTIONS = (
@@ -2231,8 +2233,17 @@ class Pool:
             thread.start()
 
     def _run(self):
+        import queue
+
         while True:
-            fn = self.tasks.get()
+            try:  # past ``size``, an idle worker ends after SPARE_IDLE_S
+                fn = self.tasks.get(timeout=SPARE_IDLE_S if len(self.threads) > self.size else None)
+            except queue.Empty:
+                with self.lock:
+                    if len(self.threads) > self.size:
+                        self.threads.remove(threading.current_thread())
+                        return
+                continue
             try:
                 fn()
             finally:

@@ -3990,6 +3990,16 @@ def test_the_tls_context_is_warmed_after_the_handshake_without_a_request(monkeyp
     assert server.request("tools/list")["result"]["tools"] and connects == []
 
 
+def test_idle_connections_are_closed_after_a_while(stub, monkeypatch):
+    monkeypatch.setattr(a4sx_mcp, "IDLE_CLOSE_S", 0.3)
+    api = a4sx_mcp.Api(a4sx_mcp.Settings(stub.base))
+    assert api.call("health")[0] == 200 and api.call("health")[0] == 200
+    assert len(api.idle) == 1 and api.opened == 1 and stub.connections == 1  # kept alive, reused
+    conn = api.idle[0][0]
+    wait_until(lambda: not api.idle and api.watcher is None, timeout=3)
+    assert conn.sock is None  # closed, and the thread that closed it has ended
+
+
 def test_calls_share_kept_alive_connections_and_ensure_is_sent_once(mcp, stub, token):
     seed_stub(stub)
     for name, arguments, _ in NET_CALLS * 3:
@@ -4092,6 +4102,9 @@ def test_public_reads_are_answered_while_eight_calls_hang(spawn, stub, token):
     for i in range(8):
         proc.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "hang-%d" % i}})
     assert not proc.tool("search_sessions", {"scope": "library"}, timeout=10)[2]  # the workers are free again
+    # the spare workers end once idle: the stdin loop, TOOL_WORKERS workers and the network watcher remain
+    limit = 2 + a4sx_mcp.TOOL_WORKERS
+    wait_until(lambda: len(os.listdir("/proc/%d/task" % proc.proc.pid)) <= limit, timeout=a4sx_mcp.SPARE_IDLE_S + 5)
 
 
 def peak_growth(pid, fn):
