@@ -262,20 +262,20 @@ class Route:
 # EVERYTHING this process may send to the network. ``Api.call`` takes a name from this table and
 # nothing else: no other path, and no billing or purchase route (acquire never buys). token: the
 # bearer is read and sent by ``Api.call`` itself. max answer: larger answers are refused unread.
-# deadline: connect + TLS + send + read, all of it (push: set per upload by its size). retry: a
+# deadline: connect + TLS + send + read, all of it (a publish passes its upload's, by size). retry: a
 # kept-alive connection the server closed while idle is retried once on a fresh one only for
 # requests safe to repeat ("keyed": only with an Idempotency-Key header).
 ROUTES = {
     # name        method  path template             token  max answer  deadline s  retry
     "health":   Route("GET", "/healthz",               False, 64 * KiB,   10,         "yes"),
-    "me":       Route("GET", "/accounts/me",           True,  1 * MiB,    10,         "yes"),
+    "me":       Route("GET", "/accounts/me",           True,  4 * MiB,    10,         "yes"),
     "discover": Route("GET", "/memory/discover",       False, 4 * MiB,    30,         "yes"),
     "listing":  Route("GET", "/memory/discover/item",  False, 4 * MiB,    30,         "yes"),
     "library":  Route("GET", "/library/sessions",      True,  8 * MiB,    30,         "yes"),
     "fetch":    Route("GET", "/library/fetch",         True,  256 * MiB,  300,        "yes"),  # 20 MB as base64
-    "acquire":  Route("POST", "/library/acquire/{id}", True,  1 * MiB,    30,         "no"),
-    "ensure":   Route("POST", "/library/ensure",       True,  1 * MiB,    30,         "yes"),
-    "push":     Route("POST", "/library/push",         True,  1 * MiB,    None,       "keyed"),
+    "acquire":  Route("POST", "/library/acquire/{id}", True,  4 * MiB,    30,         "no"),
+    "ensure":   Route("POST", "/library/ensure",       True,  4 * MiB,    30,         "yes"),
+    "push":     Route("POST", "/library/push",         True,  4 * MiB,    120,        "keyed"),  # or upload_timeout
 }
 READ_TIMEOUT_S = 30     # the longest silence inside an answer, within the route's deadline
 CONNECT_TIMEOUT_S = 10

@@ -10,6 +10,7 @@ import base64
 import hashlib
 import json
 import os
+import pathlib
 import queue
 import random
 import re
@@ -3428,6 +3429,7 @@ class InjectionRun:
         cases = [(tool, args, route, status, shape) for tool, args, route, statuses in self.ERROR_CASES
                  for status in statuses for shape in ("envelope", "flat")]
         for tool, args, route, status, shape in cases:  # first the same failures with harmless texts
+            self.fresh_account(route)
             self.stub.queue(route, status, self.error_body(status, shape, lambda f: "harmless", 5))
             response = self.proc.call(tool, args, timeout=60)
             result = response["result"]
@@ -3438,12 +3440,18 @@ class InjectionRun:
         for slot in range(max(self.slots(self.ERROR_FIELDS), len(cases))):
             chosen = self.fill(slot, self.ERROR_FIELDS)
             tool, args, route, status, shape = cases[slot % len(cases)]
+            self.fresh_account(route)
             self.stub.queue(route, status, self.error_body(status, shape, lambda f: self.text(chosen, f), 5))
             response = self.proc.call(tool, args, timeout=60)
             self.error_result(response, tool, (tool, route, status, shape))
             self.error_routes[(tool, route)] += 1
             self.record("API error messages", chosen)
         assert self.stub.pushes == []
+
+    def fresh_account(self, route):
+        """The library is provisioned once per account: a new sign-in makes publish send ensure again."""
+        if route == "POST /library/ensure":
+            new_account({"cfg": pathlib.Path(os.environ["A4SX_CONFIG_DIR"])}, self.stub)
 
     @staticmethod
     def error_body(status, shape, t, retry):
@@ -3469,7 +3477,8 @@ def _injection_corpus_run(spawn, stub, token, full, seed):
     started = time.monotonic()
     first = proc.tool("search_sessions", {})[1]
     real_nonce = BEGIN_LINE.search(first).group(1)
-    payloads = injection_payloads(rng, 600, [real_nonce], huge=(20000, 100000, 1000000))
+    # the largest stays under the 4 MiB answer cap of the routes it rides, even \u-escaped
+    payloads = injection_payloads(rng, 600, [real_nonce], huge=(20000, 100000, 500000))
     run = InjectionRun(proc, stub, payloads, full)
     timings = []
     for phase in (run.marketplace, run.library, run.fetch, run.acquire, run.api_errors):
@@ -4125,7 +4134,7 @@ HOSTILE_SHAPES = [(b"[", b"{},", b"{}]"), (b"[", b"[],", b"[]]"), (b'{"items":['
 HOSTILE_ROUTES = [("search_sessions", {}, "GET /memory/discover", 3 << 20),
                   ("search_sessions", {"scope": "library"}, "GET /library/sessions", 6 << 20),
                   ("get_session_summary", {"id": "l-1"}, "GET /memory/discover/item", 3 << 20),
-                  ("acquire_session", {"id": "l-1"}, "POST /library/acquire", 900 << 10),
+                  ("acquire_session", {"id": "l-1"}, "POST /library/acquire", 3 << 20),
                   ("fetch_session_context", {"id": "s-1"}, "GET /library/fetch", 40 << 20)]
 
 
