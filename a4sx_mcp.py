@@ -637,7 +637,7 @@ def _parse(held):
     size = len(payload)
     if not size:
         return {}
-    cost = sum(payload.count(char) * each for char, each in PARSE_COST)
+    cost = _parse_cost(payload)
     try:
         text = payload.decode("utf-8")
     except ValueError:
@@ -650,6 +650,33 @@ def _parse(held):
         return json.loads(text)
     except (ValueError, RecursionError):
         return {}
+
+
+def _parse_cost(payload):
+    """``PARSE_COST`` summed over ``payload``'s structural bytes. With few quotes (a fetched bundle:
+    megabytes in a few strings) only the bytes between strings are counted, which is ~5x faster."""
+    quotes = payload.count(b'"')
+    if quotes > len(payload) >> 12:
+        return sum(payload.count(char) * each for char, each in PARSE_COST)
+    structure = [(char, each) for char, each in PARSE_COST if char != b'"']
+    cost, pos = quotes * dict(PARSE_COST)[b'"'], 0
+    while True:
+        start = payload.find(b'"', pos)
+        cost += sum(payload.count(char, pos, len(payload) if start < 0 else start) * each for char, each in structure)
+        close = start
+        while start >= 0:  # the closing quote: one not escaped by an odd run of backslashes
+            close = payload.find(b'"', close + 1)
+            if close < 0:
+                return cost  # never closed: not JSON, and nothing past it is parsed
+            run = payload[max(start + 1, close - 64):close]
+            escapes = len(run) - len(run.rstrip(b"\\"))
+            if escapes == 64:  # too long a run to judge cheaply: count everything
+                return sum(payload.count(char) * each for char, each in PARSE_COST)
+            if escapes % 2 == 0:
+                break
+        if start < 0:
+            return cost
+        pos = close + 1
 
 
 def _network_reason(err):
