@@ -344,7 +344,7 @@ class Stub:
         headers = dict(headers or {})
         ctype = headers.pop("Content-Type", None) or headers.pop("content-type", None) or "application/json"
         canned = canned or {}
-        close = cut or self.close_each or canned.get("announce") is False or canned.get("close")
+        close = bool(cut or self.close_each or canned.get("announce") is False or canned.get("close"))
         rec["status"] = status  # set before writing, so a client that got the answer sees it logged
         h.send_response(status)
         h.send_header("Content-Type", ctype)
@@ -355,7 +355,7 @@ class Stub:
         for k, v in headers.items():
             h.send_header(k, v)
         h.end_headers()
-        h.close_connection = close
+        h.close_connection = close or h.close_connection  # the client may have asked to close
         if h.command == "HEAD":
             return h.wfile.flush()
         if canned.get("stall"):
