@@ -9,7 +9,7 @@ token the ``a4sx`` CLI stored (``a4sx login``) and sends it only to the server t
 One stdlib-only file, meant to be read top to bottom in the order data flows:
 
 1. settings and the token            (what is configured, which token belongs to which server)
-2. the HTTP client                   (EVERYTHING sent to the network goes through ``Api.call``)
+2. the HTTP client                   (EVERYTHING sent to the network: the ``ROUTES`` table)
 3. framing                           (author text reaches the model only inside a nonce envelope)
 4. transcripts                       (JSONL checks for publish, the context renderer for fetch)
 5. the a4sx SDK bridge               (lazy: scrubbing in a worker process, lineage records)
@@ -19,7 +19,7 @@ One stdlib-only file, meant to be read top to bottom in the order data flows:
 
 Run it as ``a4sx-mcp``, ``python -m a4sx_mcp`` or ``python3 a4sx_mcp.py`` (a copied file works as is).
 
-For a reviewer: every network request is made in ``Api.call``; the only other process is the scrub
+For a reviewer: every network request is a route of ``ROUTES``, made in ``Api.call``; the only other process is the scrub
 worker (this same file with ``--scrub-worker``, spoken to over pipes, never the network); the only
 files written are the SDK's untrusted-session records, through the SDK (``mark_untrusted``).
 """
@@ -242,114 +242,452 @@ def log(level, message):
 
 
 # =============================================================================================
-# 2. The HTTP client: everything this process sends to the network goes through Api.call
+# 2. The HTTP client: everything this process sends to the network is a route of ROUTES
 # =============================================================================================
 
 USER_AGENT = "a4sx-mcp/%s (python %s)" % (__version__, ".".join(map(str, sys.version_info[:3])))
-READ_TIMEOUT_S = 30
-MAX_RESPONSE_BYTES = 256 * 1024 * 1024  # a 20 MB transcript is ~27 MB as base64 inside a bundle
+KiB, MiB = 1024, 1024 * 1024
+
+
+class Route:
+    """One request this process may make, with the limits it is held to."""
+
+    __slots__ = ("method", "path", "token", "max_bytes", "deadline_s", "retry")
+
+    def __init__(self, method, path, token, max_bytes, deadline_s, retry):
+        self.method, self.path, self.token = method, path, token
+        self.max_bytes, self.deadline_s, self.retry = max_bytes, deadline_s, retry
+
+
+# EVERYTHING this process may send to the network. ``Api.call`` takes a name from this table and
+# nothing else: no other path, and no billing or purchase route (acquire never buys). token: the
+# bearer is read and sent by ``Api.call`` itself. max answer: larger answers are refused unread.
+# deadline: connect + TLS + send + read, all of it (a publish passes its upload's, by size). retry: a
+# kept-alive connection the server closed while idle is retried once on a fresh one only for
+# requests safe to repeat ("keyed": only with an Idempotency-Key header).
+ROUTES = {
+    # name        method  path template             token  max answer  deadline s  retry
+    "health":   Route("GET", "/healthz",               False, 64 * KiB,   10,         "yes"),
+    "me":       Route("GET", "/accounts/me",           True,  4 * MiB,    10,         "yes"),
+    "discover": Route("GET", "/memory/discover",       False, 4 * MiB,    30,         "yes"),
+    "listing":  Route("GET", "/memory/discover/item",  False, 4 * MiB,    30,         "yes"),
+    "library":  Route("GET", "/library/sessions",      True,  8 * MiB,    30,         "yes"),
+    "fetch":    Route("GET", "/library/fetch",         True,  256 * MiB,  300,        "yes"),  # 20 MB as base64
+    "acquire":  Route("POST", "/library/acquire/{id}", True,  4 * MiB,    30,         "no"),
+    "ensure":   Route("POST", "/library/ensure",       True,  4 * MiB,    30,         "yes"),
+    "push":     Route("POST", "/library/push",         True,  4 * MiB,    120,        "keyed"),  # or upload_timeout
+}
+READ_TIMEOUT_S = 30     # the longest silence inside an answer, within the route's deadline
+CONNECT_TIMEOUT_S = 10
+IDLE_CLOSE_S = 20       # a kept-alive connection unused this long is closed
+MAX_REDIRECTS = 3
+REDIRECT_STATUSES = (301, 302, 303, 307, 308)
+# The shape check: the most json.loads allocates per structural byte on 64-bit CPython (an empty
+# dict 80, a list 72, a string's header and pointer 2 x 30, a number and its pointer 40, a dict
+# slot 56), measured with tracemalloc on the worst shapes ([{},{},...], [1000,...], {"k1":1,...}).
+# An answer whose decoded text plus this estimate exceeds PARSE_BUDGET x its bytes is refused, so
+# no answer makes memory grow more than PARSE_BUDGET x its own size. Real listings estimate ~10x
+# (they parse to ~4.7x: short strings are costly objects); [{},{},...] estimates 40x.
+PARSE_COST = ((b"{", 80), (b"[", 72), (b'"', 30), (b",", 40), (b":", 56))
+PARSE_BUDGET = 12
 
 
 class NetworkError(Exception):
-    """No answer: connection refused, DNS failure, timeout, a cut-off body. Never holds a token."""
+    """No usable answer: refused, DNS, a deadline, a cut-off or oversized body, a certificate the
+    trust store does not accept, a cancelled call. Never holds a token."""
+
+
+class SignedOut(Exception):
+    """A token route was called with no token stored for the server."""
+
+
+class CancelFlag(threading.Event):
+    """A call's cancel flag: setting it also ends what the call is waiting for on the network."""
+
+    def __init__(self):
+        super().__init__()
+        self._hooks = set()
+        self._hooks_lock = threading.Lock()
+
+    def set(self):
+        super().set()
+        with self._hooks_lock:
+            hooks = list(self._hooks)
+        for hook in hooks:
+            hook()
+
+    def hook(self, fn, add=True):
+        with self._hooks_lock:
+            (self._hooks.add if add else self._hooks.discard)(fn)
+        if add and self.is_set():
+            fn()
+
+
+_ssl_context = None
+_ssl_lock = threading.Lock()
+
+
+def ssl_context():
+    """The process's one TLS context: the system trust store (or ``$SSL_CERT_FILE`` /
+    ``$SSL_CERT_DIR``) with hostname checks; loading a CA bundle costs tens of ms, so only once."""
+    global _ssl_context
+    with _ssl_lock:
+        if _ssl_context is None:
+            import ssl
+
+            _ssl_context = ssl.create_default_context()
+        return _ssl_context
+
+
+def trust_store():
+    """Which certificates are trusted, in words, for ``--check`` and certificate errors."""
+    import ssl
+
+    paths = ssl.get_default_verify_paths()
+    for env, value in ((paths.openssl_cafile_env, paths.cafile), (paths.openssl_capath_env, paths.capath)):
+        if _env(env):
+            return "$%s (%s)" % (env, value or _env(env))
+    where = " or ".join(p for p in (paths.cafile, paths.capath) if p) or "the operating system's store"
+    return "the system trust store (%s; $%s or $%s replace it)" % (where, paths.openssl_cafile_env,
+                                                                   paths.openssl_capath_env)
+
+
+def warm_network(api):
+    """Run while the client is idle after the handshake: what the first call to an https server
+    would otherwise pay for (network modules, the TLS context: ~8 MiB, ~50 ms of CPU with a system
+    bundle). Plain http (loopback only: tests, demos) loads them at its first call. Sends nothing."""
+    if api.tls:
+        import http.client  # noqa: F401
+        import select  # noqa: F401
+
+        ssl_context()
 
 
 class Api:
-    """The a4sx HTTP API. Sends the token only to ``base`` (the origin that issued it), only on
-    authenticated routes, as an unredirected header; follows redirects only within that origin."""
+    """The a4sx HTTP API over kept-alive HTTP/1.1 connections to ``base``, by route name only.
+    Sends the token only to ``base`` (the origin that issued it), only on token routes, never on a
+    redirect; follows redirects only for GETs, within that origin, to a path of ``ROUTES``."""
 
-    def __init__(self, settings):
-        self.settings = settings
-        self.base = settings.base
-        self._opener = None
-        self._opener_lock = threading.Lock()
+    def __init__(self, settings, max_idle=8):
+        from urllib.parse import urlsplit
 
-    def opener(self):
-        with self._opener_lock:
-            if self._opener is None:
-                import urllib.request
+        self.settings, self.base = settings, settings.base
+        parts = urlsplit(self.base)
+        self.tls = parts.scheme == "https"
+        self.host, self.port = parts.hostname, parts.port or (443 if self.tls else 80)
+        self.max_idle = max_idle
+        self.idle = []              # [(connection, idle since)], most recent last
+        self.watched = {}           # id -> [deadline, connection, why it ended]: see _watch
+        self.cond = threading.Condition()
+        self.watcher = None
+        self.opened = 0             # connections opened, for tests and the benchmark
+        self.waiting = 0            # calls blocked on the network (the tool pool grows past them)
+        self.on_wait = None
+        self.ensured = set()        # accounts whose library this process provisioned: see account()
+        self.salt = os.urandom(16)
 
-                base = self.base
-
-                class SameOriginRedirects(urllib.request.HTTPRedirectHandler):
-                    def redirect_request(self, req, fp, code, msg, headers, newurl):
-                        try:
-                            same = normalize_base(newurl.split("?", 1)[0]) == base and newurl.startswith(base)
-                        except ValueError:
-                            same = False
-                        if not same:
-                            return None  # not followed: the 3xx comes back as the answer
-                        return super().redirect_request(req, fp, code, msg, headers, newurl)
-
-                # No ProxyHandler from the environment: a proxy would see every request.
-                self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), SameOriginRedirects)
-            return self._opener
-
-    def call(self, method, path, params=None, *, token=None, data=None, headers=None, timeout=None):
-        """One request; returns ``(status, parsed JSON body or {})``. ``token`` is given only for
-        authenticated routes. Raises ``NetworkError`` when no complete answer arrived."""
-        import http.client
-        import urllib.error
-        import urllib.request
-        from urllib.parse import urlencode
-
-        query = {k: v for k, v in (params or {}).items() if v not in (None, "")}
-        url = self.base + path + ("?" + urlencode(query, errors="replace") if query else "")
-        req = urllib.request.Request(url, data=data, method=method)
-        req.add_header("User-Agent", USER_AGENT)
-        req.add_header("Accept", "application/json")
+    def call(self, name, params=None, *, data=None, headers=None, deadline_s=None, cancel=None):
+        """One request of route ``name``: ``params`` fill the path template, the rest is the query.
+        Returns ``(status, parsed JSON body or {})``; an unfollowed redirect comes back as its 3xx.
+        Raises ``SignedOut`` (token route, no token) or ``NetworkError`` (no usable answer)."""
+        route = ROUTES[name]
+        token = self.settings.token() if route.token else None
+        if route.token and not token:
+            raise SignedOut()
+        target = _target(route, params or {})
+        sent = {"User-Agent": USER_AGENT, "Accept": "application/json"}
         if data is not None:
-            req.add_header("Content-Type", "application/octet-stream")
-        for key, value in (headers or {}).items():
-            req.add_header(key, value)
-        if token:
-            req.add_unredirected_header("Authorization", "Bearer " + token)
+            sent["Content-Type"] = "application/octet-stream"
+        sent.update(headers or {})
+        safe = route.retry == "yes" or (route.retry == "keyed" and "Idempotency-Key" in sent)
         started = time.monotonic()
+        limit_s = deadline_s or route.deadline_s
+        deadline = started + limit_s
+        with self.cond:
+            self.waiting += 1
+        if self.on_wait:
+            self.on_wait()
         try:
-            try:
-                resp = self.opener().open(req, timeout=timeout or READ_TIMEOUT_S)
-            except urllib.error.HTTPError as err:
-                resp = err
-            with resp:
-                status = resp.status if hasattr(resp, "status") else resp.code
-                payload = _read_body(resp)
-        except (OSError, ValueError, http.client.HTTPException) as err:  # URLError, timeouts, resets, cut bodies
-            log("debug", "http %s %s -> no answer (%s) in %d ms" % (method, _route_of(path), type(err).__name__,
-                                                                    (time.monotonic() - started) * 1000))
-            raise NetworkError(_network_reason(err)) from None
-        log("debug", "http %s %s -> %s in %d ms" % (method, _route_of(path), status,
+            hops = 0
+            while True:
+                auth = {"Authorization": "Bearer " + token} if token and not hops else {}
+                status, location, payload = self._exchange(route.method, target, data, dict(sent, **auth),
+                                                           route.max_bytes, (deadline, limit_s), cancel, safe)
+                follow = location and route.method == "GET" and status in REDIRECT_STATUSES and hops < MAX_REDIRECTS
+                target = self._redirect_target(target, location) if follow else None
+                if target is None:
+                    break
+                hops += 1
+        except NetworkError as err:
+            log("debug", "http %s %s -> no answer (%s) in %d ms" % (route.method, route.path, err,
+                                                                     (time.monotonic() - started) * 1000))
+            raise
+        finally:
+            with self.cond:
+                self.waiting -= 1
+        log("debug", "http %s %s -> %s in %d ms" % (route.method, route.path, status,
                                                     (time.monotonic() - started) * 1000))
+        if status in REDIRECT_STATUSES:
+            return status, {}
+        held = [payload]
+        del payload  # _parse frees the bytes once they are decoded
+        return status, _parse(held)
+
+    def account(self):
+        """Which account the stored token is for, as a salted digest (the token is not kept)."""
+        import hashlib
+
+        return hashlib.sha256(self.salt + (self.settings.token() or "").encode("utf-8", "replace")).hexdigest()[:16]
+
+    def _redirect_target(self, current, location):
+        """The path and query to request next, or None: another origin, credentials in the URL, or a
+        path that is not a GET route of the table."""
+        from urllib.parse import urljoin, urlsplit
+
+        parts = urlsplit(urljoin(self.base + current, location.strip()))
         try:
-            text = payload.decode("utf-8")
-            del payload  # a large bundle is held once, not twice, while it is parsed
-            body = json.loads(text) if text else {}
-        except (ValueError, RecursionError):
-            body = {}
-        return status, body
+            same = parts.username is None and normalize_base("%s://%s" % (parts.scheme, parts.netloc)) == self.base
+        except ValueError:
+            return None
+        if not same or not any(r.method == "GET" and r.path == parts.path for r in ROUTES.values()):
+            return None
+        return parts.path + ("?" + parts.query if parts.query else "")
+
+    # --- connections ---------------------------------------------------------------------------
+
+    def _exchange(self, method, target, data, headers, cap, deadline, cancel, safe):
+        """One request and its whole answer on a pooled connection: ``(status, Location, bytes)``.
+        ``deadline``: (monotonic time, its seconds for the message)."""
+        import http.client
+
+        deadline, limit_s = deadline
+
+        for attempt in (0, 1):
+            conn, reused = self._checkout(deadline)
+            watch = self._watch(conn, deadline, limit_s, cancel)
+            try:
+                try:
+                    conn.request(method, target, body=data, headers=headers)
+                    if watch[2]:  # ended while connecting, before there was a socket to shut
+                        raise NetworkError(watch[2])
+                    _read_timeout(conn, deadline)
+                    resp = conn.getresponse()
+                except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as err:
+                    stale = reused and safe and not attempt and not watch[2]
+                    if stale:  # the server closed it while it was idle: once more, on a new one
+                        conn.close()
+                        continue
+                    raise err
+                payload = _read_body(resp, cap, conn, deadline)
+                status, location, keep = resp.status, resp.getheader("Location"), not resp.will_close
+            except NetworkError:
+                conn.close()
+                raise
+            except (OSError, ValueError, http.client.HTTPException) as err:
+                conn.close()
+                raise NetworkError(watch[2] or _network_reason(err)) from None
+            finally:
+                self._unwatch(watch, cancel)
+            if watch[2]:
+                conn.close()
+                raise NetworkError(watch[2])
+            self._checkin(conn) if keep else conn.close()
+            return status, location, payload
+
+    def _checkout(self, deadline):
+        """``(connection, reused)``: the most recently used live idle one, else a new one."""
+        import http.client
+        import select
+
+        now = time.monotonic()
+        with self.cond:
+            while self.idle:
+                conn, since = self.idle.pop()
+                try:  # readable while idle: the server closed it (or sent junk)
+                    if now - since < IDLE_CLOSE_S and not select.select([conn.sock], [], [], 0)[0]:
+                        return conn, True
+                except (OSError, ValueError):
+                    pass
+                conn.close()
+            self.opened += 1
+        timeout = max(0.001, min(CONNECT_TIMEOUT_S, deadline - now))
+        if self.tls:
+            return http.client.HTTPSConnection(self.host, self.port, timeout=timeout, context=ssl_context()), False
+        return http.client.HTTPConnection(self.host, self.port, timeout=timeout), False
+
+    def _checkin(self, conn):
+        with self.cond:
+            if len(self.idle) >= self.max_idle:
+                self.idle.pop(0)[0].close()
+            self.idle.append((conn, time.monotonic()))
+            self._start_watcher()
+
+    def close(self):
+        with self.cond:
+            idle, self.idle = self.idle, []
+        for conn, _ in idle:
+            conn.close()
+
+    # --- deadlines and cancellation: one thread ends what waits too long -----------------------
+
+    def _watch(self, conn, deadline, limit_s, cancel):
+        """``[deadline, connection, why it ended (None: running), end(), its seconds]``."""
+        watch = [deadline, conn, None]
+
+        def end(why="the call was cancelled"):
+            if watch[2] is None:
+                watch[2] = why
+                _shut(conn)
+
+        watch += [end, limit_s]
+        with self.cond:
+            self.watched[id(watch)] = watch
+            self._start_watcher()
+            self.cond.notify_all()
+        if cancel is not None and hasattr(cancel, "hook"):
+            cancel.hook(end)
+        return watch
+
+    def _unwatch(self, watch, cancel):
+        if cancel is not None and hasattr(cancel, "hook"):
+            cancel.hook(watch[3], add=False)
+        with self.cond:
+            self.watched.pop(id(watch), None)
+            self.cond.notify_all()  # the watcher may have nothing left to do
+
+    def _start_watcher(self):
+        if self.watcher is None:
+            self.watcher = threading.Thread(target=self._watch_loop, name="a4sx-net-watch", daemon=True)
+            self.watcher.start()
+
+    def _watch_loop(self):
+        """Ends requests past their deadline and closes idle connections; exits with nothing to do."""
+        with self.cond:
+            while self.watched or self.idle:
+                now = time.monotonic()
+                for watch in list(self.watched.values()):
+                    if watch[0] <= now:
+                        watch[3]("the a4sx server did not answer in time (the request took longer than its "
+                                 "%s s deadline)" % watch[4])
+                while self.idle and now - self.idle[0][1] >= IDLE_CLOSE_S:
+                    self.idle.pop(0)[0].close()
+                wake = [w[0] for w in self.watched.values() if w[2] is None] + [s + IDLE_CLOSE_S for _, s in self.idle]
+                if self.watched or self.idle:
+                    self.cond.wait(max(0.005, min(wake) - now) if wake else None)
+            self.watcher = None
 
 
-def _read_body(resp):
-    """The whole body, read once into one buffer when its length is announced (a 27 MB bundle is
-    not also held as a list of chunks); at most ``MAX_RESPONSE_BYTES``."""
-    length = resp.headers.get("Content-Length") if resp.headers is not None else None
+def _shut(conn):
+    """Wakes a thread blocked reading ``conn`` (close alone does not, on Linux)."""
+    import socket
+
+    sock = conn.sock
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+def _target(route, params):
+    """The route's path with its ``{fields}`` filled (quoted) and the other params as the query."""
+    from urllib.parse import quote, urlencode
+
+    path, query = route.path, {}
+    for key, value in params.items():
+        if "{%s}" % key in path:
+            path = path.replace("{%s}" % key, quote(_str_param(value), safe="", errors="replace"))
+        elif value not in (None, ""):
+            query[key] = value
+    return path + ("?" + urlencode(query, errors="replace") if query else "")
+
+
+def _str_param(value):
+    return value if isinstance(value, str) else str(value)
+
+
+def _read_body(resp, cap, conn, deadline):
+    """The whole body in one buffer, at most ``cap`` bytes (a longer announced one is not read);
+    each silence is bounded by ``READ_TIMEOUT_S`` and the whole by the deadline's watcher."""
+    _read_timeout(conn, deadline)
+    length = resp.getheader("Content-Length")
     announced = int(length) if length and length.strip().isdigit() else None
-    payload = b"" if announced and announced > MAX_RESPONSE_BYTES else (
-        resp.read() if announced is not None else resp.read(MAX_RESPONSE_BYTES + 1))
-    if (announced or len(payload)) > MAX_RESPONSE_BYTES:
-        raise NetworkError("the answer was larger than %d MiB" % (MAX_RESPONSE_BYTES >> 20))
+    if announced is not None and announced > cap:
+        resp.close()
+        raise NetworkError("the answer was larger than %s, the most this request accepts" % _size(cap))
+    payload = resp.read() if announced is not None else resp.read(cap + 1)
+    if len(payload) > cap:
+        raise NetworkError("the answer was larger than %s, the most this request accepts" % _size(cap))
     return payload
 
 
-def _route_of(path):
-    """A route for logs: never an id a user or author chose."""
-    return "/library/acquire/{id}" if path.startswith("/library/acquire/") else path
+def _read_timeout(conn, deadline):
+    if conn.sock is not None:
+        conn.sock.settimeout(max(0.001, min(READ_TIMEOUT_S, deadline - time.monotonic())))
+
+
+def _size(n):
+    return "%d MiB" % (n // MiB) if n >= MiB else "%d KiB" % (n // KiB)
+
+
+def _parse(held):
+    """The body (the only item of ``held``) as JSON, ``{}`` when it is not JSON. Refused
+    (``NetworkError``) when parsing could allocate more than ``PARSE_BUDGET`` times its size."""
+    payload = held.pop()
+    size = len(payload)
+    if not size:
+        return {}
+    cost = _parse_cost(payload)
+    try:
+        text = payload.decode("utf-8")
+    except ValueError:
+        return {}
+    del payload  # a large bundle is held once, not twice, while it is parsed
+    if sys.getsizeof(text) + cost > PARSE_BUDGET * size + 64 * KiB:
+        raise NetworkError("the answer's shape was refused: %d bytes that would parse into more than %d times "
+                           "that" % (size, PARSE_BUDGET))
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return {}
+
+
+def _parse_cost(payload):
+    """``PARSE_COST`` summed over ``payload``'s structural bytes. With few quotes (a fetched bundle:
+    megabytes in a few strings) only the bytes between strings are counted, which is ~5x faster."""
+    quotes = payload.count(b'"')
+    if quotes > len(payload) >> 12:
+        return sum(payload.count(char) * each for char, each in PARSE_COST)
+    structure = [(char, each) for char, each in PARSE_COST if char != b'"']
+    cost, pos = quotes * dict(PARSE_COST)[b'"'], 0
+    while True:
+        start = payload.find(b'"', pos)
+        cost += sum(payload.count(char, pos, len(payload) if start < 0 else start) * each for char, each in structure)
+        close = start
+        while start >= 0:  # the closing quote: one not escaped by an odd run of backslashes
+            close = payload.find(b'"', close + 1)
+            if close < 0:
+                return cost  # never closed: not JSON, and nothing past it is parsed
+            run = payload[max(start + 1, close - 64):close]
+            escapes = len(run) - len(run.rstrip(b"\\"))
+            if escapes == 64:  # too long a run to judge cheaply: count everything
+                return sum(payload.count(char) * each for char, each in PARSE_COST)
+            if escapes % 2 == 0:
+                break
+        if start < 0:
+            return cost
+        pos = close + 1
 
 
 def _network_reason(err):
     import http.client
     import socket
+    import ssl
 
-    reason = getattr(err, "reason", err)
+    reason = err if isinstance(err, ssl.SSLError) else getattr(err, "reason", err)
+    if isinstance(reason, ssl.SSLCertVerificationError):
+        return "the a4sx server's TLS certificate was not accepted (a certificate problem: %s); trusted: %s" % (
+            _str_param(getattr(reason, "verify_message", "") or "verification failed")[:200], trust_store())
     if isinstance(reason, http.client.IncompleteRead):
         return "the a4sx server's answer was cut short"
     if isinstance(reason, socket.timeout) or "timed out" in str(reason):
@@ -358,6 +696,8 @@ def _network_reason(err):
         return "the a4sx server's name could not be resolved"
     if isinstance(reason, ConnectionRefusedError):
         return "the a4sx server refused the connection"
+    if isinstance(reason, ssl.SSLError):
+        return "the TLS connection to the a4sx server failed (%s)" % _str_param(reason.reason or "TLS error")[:80]
     return "the connection to the a4sx server failed"
 
 
@@ -1519,19 +1859,43 @@ class Call:
             raise not_signed_in(self.settings)
         return token
 
-    def request(self, method, path, params=None, auth=False, ok=(200,), token=None, **kw):
-        """An API call whose non-``ok`` answers become the mapped ToolError (``ok=None``: any status
-        is returned). ``token``: one the handler already read."""
+    def request(self, route, params=None, ok=(200,), **kw):
+        """A request of ``route`` whose non-``ok`` answers become the mapped ToolError (``ok=None``:
+        any status is returned)."""
         try:
-            status, body = self.api.call(method, path, params, token=token or (self.token() if auth else None), **kw)
+            status, body = self.api.call(route, params, cancel=self.cancel, **kw)
+        except SignedOut:
+            raise not_signed_in(self.settings) from None
         except NetworkError as err:
             raise network_error(self.settings, err)
         if ok is not None and status not in ok:
             raise api_failure(self.settings, status, body)
         return status, body
 
+    def in_background(self, fn):
+        """Runs ``fn`` on its own short-lived thread, for a request that does not depend on the
+        call's others; the returned function waits for it and returns its result or raises."""
+        out = []
+
+        def run():
+            try:
+                out.append((True, fn()))
+            except BaseException as err:  # noqa: BLE001 - handed to the caller as is
+                out.append((False, err))
+
+        thread = threading.Thread(target=run, name="a4sx-overlap", daemon=True)
+        thread.start()
+
+        def result():
+            thread.join()
+            ok, value = out[0]
+            if ok:
+                return value
+            raise value
+        return result
+
     def library(self):
-        _, body = self.request("GET", "/library/sessions", auth=True)
+        _, body = self.request("library")
         rows = body.get("sessions") if isinstance(body, dict) else None
         return [row for row in rows or [] if isinstance(row, dict)]
 
@@ -1609,7 +1973,7 @@ def tool_search_sessions(call, args):
     else:
         params = {"q": query, "tag": ",".join(args.get("tags", [])), "sort": args["sort"], "limit": limit,
                   "offset": offset, "harness": ",".join(harness)}
-        _, body = call.request("GET", "/memory/discover", params)
+        _, body = call.request("discover", params)
         body = body if isinstance(body, dict) else {}
         items = [item for item in body.get("items") or [] if isinstance(item, dict)][:limit]
         total = body.get("total")
@@ -1638,7 +2002,7 @@ def tool_get_session_summary(call, args):
                       untrusted=untrusted)
         text, structured = framed_json(result, untrusted, caps=SUMMARY_CAPS)
         return Result(text, structured)
-    _, body = call.request("GET", "/memory/discover/item", {"id": args["id"], "t": args.get("tenant")})
+    _, body = call.request("listing", {"id": args["id"], "t": args.get("tenant")})
     item = body.get("item") if isinstance(body, dict) else None
     if not isinstance(item, dict):
         raise ToolError("not_found", "No marketplace listing with that id.")
@@ -1667,15 +2031,13 @@ NEVER_BUYS = ("a4sx never buys on your behalf: the account holder can buy it on 
 
 
 def tool_acquire_session(call, args):
-    from urllib.parse import quote
-
-    token = call.token()
+    call.token()  # signed out: said before the rate limit counts the call
     wait = call.server.acquire_limit.take()
     if wait:
         raise ToolError("rate_limited", "Too many acquire_session calls; try again in %d s." % wait, retry_after_s=wait)
     sid, tenant = args["id"], args.get("tenant") or None
-    status, body = call.request("POST", "/library/acquire/" + quote(sid, safe=""),
-                                {"tenant": tenant, "version": args.get("version") or "latest"}, ok=None, token=token)
+    status, body = call.request("acquire", {"id": sid, "tenant": tenant, "version": args.get("version") or "latest"},
+                                ok=None)
     code, details = api_error_fields(body)
     if status in (200, 201) and isinstance(body, dict) and body.get("collection"):
         result = {"status": "acquired", "library_id": _str(body["collection"]), "version": body.get("version"),
@@ -1686,7 +2048,7 @@ def tool_acquire_session(call, args):
         member = details.get("member")
         listing = None
         try:
-            item_status, item_body = call.api.call("GET", "/memory/discover/item", {"id": sid, "t": tenant})
+            item_status, item_body = call.api.call("listing", {"id": sid, "t": tenant}, cancel=call.cancel)
             if item_status == 200 and isinstance(item_body, dict) and isinstance(item_body.get("item"), dict):
                 listing = item_body["item"]
         except NetworkError:
@@ -1716,11 +2078,12 @@ def tool_acquire_session(call, args):
 
 def tool_fetch_session_context(call, args):
     _glibc()  # before the first multi-megabyte answer arrives
-    _, bundle = call.request("GET", "/library/fetch", {"cid": args["id"], "version": args.get("version")}, auth=True)
+    library = call.in_background(call.library)  # the provenance check overlaps the download
+    _, bundle = call.request("fetch", {"cid": args["id"], "version": args.get("version")})
     call.large = bundle_size(bundle) > LARGE_CALL_BYTES
     call.progress("fetched")
     try:
-        rows = call.library()
+        rows = library()
         row = next((r for r in rows if r.get("id") == args["id"]), None)
         untrusted = row is None or rows_untrusted(rows, call.settings.base)(row)
     except ToolError:
@@ -1783,8 +2146,17 @@ def resolve_parent(rows, name):
     return hits[0] if len(hits) == 1 else None
 
 
+def ensure_library(call, again=False):
+    """``POST /library/ensure`` once per account and process; ``again`` when a push found the
+    library gone."""
+    account = call.api.account()
+    if again or account not in call.api.ensured:
+        call.request("ensure", ok=(200, 201, 204), data=b"")
+        call.api.ensured.add(account)
+
+
 def tool_publish_session(call, args):
-    token = call.token()
+    call.token()
     data = args["transcript"].encode("utf-8", "surrogatepass")
     call.large = len(data) > LARGE_CALL_BYTES
     if call.large:
@@ -1832,23 +2204,29 @@ def tool_publish_session(call, args):
         parent = _str(lineage["parent_cid"])
         if lineage.get("parent_version"):
             parent += "@" + _str(lineage["parent_version"])
-    call.request("POST", "/library/ensure", auth=True, ok=(200, 201, 204), data=b"")
+    ensure_library(call)
     import uuid
 
     headers = {"Idempotency-Key": args.get("idempotency_key") or str(uuid.uuid4()),
                "X-Content-SHA256": hashlib.sha256(upload).hexdigest()}
     params = {"label": label, "title": title, "parent": parent, "client_scrub": "full"}
-    attempt = 0
+    attempt, ensured_again = 0, False
     while True:
         if call.cancel.is_set():
             raise Cancelled()  # a safe point: the upload has not started
         call.progress("uploading (attempt %d)" % (attempt + 1))
         try:
-            status, body = call.api.call("POST", "/library/push", params, token=token, data=upload, headers=headers,
-                                         timeout=upload_timeout(len(upload)))
+            status, body = call.api.call("push", params, data=upload, headers=headers,
+                                         deadline_s=upload_timeout(len(upload)), cancel=call.cancel)
             failure = None
+        except SignedOut:
+            raise not_signed_in(call.settings) from None
         except NetworkError as err:
             status, body, failure = 0, {}, err
+        if status == 404 and not ensured_again:  # the library this process provisioned is gone
+            ensure_library(call, again=True)
+            ensured_again = True
+            continue
         code, details = api_error_fields(body)
         busy = status in (429, 503) and code in PUBLISH_BUSY_CODES
         limit = PUBLISH_BUSY_MAX_ATTEMPTS if busy else PUBLISH_MAX_ATTEMPTS
@@ -2249,6 +2627,7 @@ ICON = {"src": "data:image/svg+xml;base64,"
         "mimeType": "image/svg+xml", "sizes": ["any"]}
 MAX_PROGRESS_NOTES = 32
 TOOL_WORKERS = 8
+SPARE_IDLE_S = 2
 MAX_PENDING_CALLS = 4096
 
 INSTRUCTIONS = (
@@ -2317,20 +2696,22 @@ class Inflight:
     """A running tools/call: its cancel flag, and whether its response went out."""
 
     def __init__(self):
-        self.cancel = threading.Event()
+        self.cancel = CancelFlag()
         self.lock = threading.Lock()
         self.finished = False
         self.notes = 0
 
 
 class Pool:
-    """A fixed set of worker threads for tool calls, so a slow call never blocks the stdin reader."""
+    """Worker threads for tool calls, so a slow call never blocks the stdin reader. ``size`` of them
+    work; up to ``spare`` more start while calls are blocked on the network (``waiting()``), so a
+    slow API cannot starve the others, and they end when the queue is empty."""
 
-    def __init__(self, size):
+    def __init__(self, size, spare=0, waiting=lambda: 0):
         import queue
 
         self.tasks = queue.Queue()
-        self.size = size
+        self.size, self.spare, self.waiting = size, spare, waiting
         self.threads = []
         self.pending = 0
         self.lock = threading.Lock()
@@ -2341,16 +2722,34 @@ class Pool:
             if self.pending >= MAX_PENDING_CALLS:
                 return False
             self.pending += 1
-            if len(self.threads) < min(self.size, self.pending):
-                thread = threading.Thread(target=self._run, name="a4sx-tool-%d" % len(self.threads), daemon=True)
-                self.threads.append(thread)
-                thread.start()
-        self.tasks.put(fn)
+            self.tasks.put(fn)
+            self._grow()
         return True
 
+    def grow(self):
+        """A call started waiting on the network: a queued call may get a spare worker."""
+        with self.lock:
+            self._grow()
+
+    def _grow(self):
+        limit = self.size + min(self.spare, self.waiting())
+        if len(self.threads) < min(limit, self.pending):
+            thread = threading.Thread(target=self._run, name="a4sx-tool-%d" % len(self.threads), daemon=True)
+            self.threads.append(thread)
+            thread.start()
+
     def _run(self):
+        import queue
+
         while True:
-            fn = self.tasks.get()
+            try:  # past ``size``, an idle worker ends after SPARE_IDLE_S
+                fn = self.tasks.get(timeout=SPARE_IDLE_S if len(self.threads) > self.size else None)
+            except queue.Empty:
+                with self.lock:
+                    if len(self.threads) > self.size:
+                        self.threads.remove(threading.current_thread())
+                        return
+                continue
             try:
                 fn()
             finally:
@@ -2358,6 +2757,9 @@ class Pool:
                 with self.lock:
                     self.pending -= 1
                     self.idle.notify_all()
+                    if len(self.threads) > self.size and self.tasks.empty():
+                        self.threads.remove(threading.current_thread())
+                        return
 
     def wait_idle(self, timeout):
         deadline = time.monotonic() + timeout
@@ -2374,15 +2776,17 @@ class Server:
 
     def __init__(self, settings, write):
         self.settings = settings
-        self.api = Api(settings)
+        self.api = Api(settings, max_idle=TOOL_WORKERS)
         self.write = write
+        self.warmed = False
         self.legacy_version = None
         self.request_limit = RateLimiter(settings.per_min)
         self.acquire_limit = RateLimiter(settings.acquire_per_min)
         self.publish_limit = RateLimiter(settings.publish_per_min)
         self.inflight = {}
         self.inflight_lock = threading.Lock()
-        self.pool = Pool(TOOL_WORKERS)
+        self.pool = Pool(TOOL_WORKERS, spare=TOOL_WORKERS, waiting=lambda: self.api.waiting)
+        self.api.on_wait = self.pool.grow
         self.library_cache = LibraryCache()
 
     # --- messages ---------------------------------------------------------------------------
@@ -2453,6 +2857,13 @@ class Server:
         except Exception:  # noqa: BLE001 - one bad request never ends the process
             log("warning", "internal error in %s" % method[:40])
             reply(rpc_error(msg_id, -32603, "Internal error"))
+        if not self.warmed:
+            self.warm_up()
+
+    def warm_up(self):
+        """After the first answer went out: the network modules and TLS context, in the background."""
+        self.warmed = True
+        threading.Thread(target=warm_network, args=(self.api,), name="a4sx-warm", daemon=True).start()
 
     def handle_notification(self, message):
         params = message.get("params")
@@ -2831,9 +3242,11 @@ def run_check(settings):
     out.append("sign-in:    %s" % ("found for this server (%s)" % where if token else "none for this server"))
     if not token:
         fixes.append("sign in: run `%s` (public search works without it)" % settings.login_hint())
+    out.append("tls:        %s" % ("trusts " + trust_store() if settings.base.startswith("https:")
+                                   else "not used (plain http, allowed to this machine only)"))
     api = Api(settings)
     try:
-        status, body = api.call("GET", "/healthz", timeout=10)
+        status, body = api.call("health")
         version = body.get("version") if isinstance(body, dict) else None
         answers = status == 200
         out.append("answers:    %s" % ("yes (/healthz, server version %s)" % one_line(_str(version), 40)
@@ -2845,10 +3258,10 @@ def run_check(settings):
         fixes.append("check the server address (--base / A4SX_BASE) and your network connection")
     if token and answers:
         try:
-            status, _ = api.call("GET", "/accounts/me", token=token, timeout=10)
-        except NetworkError as err:
+            status, _ = api.call("me")
+        except (NetworkError, SignedOut) as err:
             status = None
-            out.append("accepted:   unknown (%s)" % err)
+            out.append("accepted:   unknown (%s)" % (err or "the sign-in went away"))
         if status == 200:
             out.append("accepted:   yes (/accounts/me)")
         elif status is not None:

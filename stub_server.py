@@ -4,7 +4,10 @@
 Stdlib only (Python 3.9+), bound to 127.0.0.1, synthetic data only. Every request is recorded in
 ``Stub.log`` so tests can assert on exactly what was sent (including that no billing or purchase
 route was ever called), and canned answers can be queued per route to simulate busy servers, lost
-answers, slow answers, redirects and broken bodies.
+answers, slow, trickled, stalled or flooding answers, redirects and broken bodies. It speaks
+HTTP/1.1 with keep-alive (``close_each=True``: one answer per connection, as HTTP/1.0 servers do),
+counts the connections it accepts (``Stub.connections``), closes connections idle longer than
+``idle_close`` seconds, and serves TLS when given a server ``ssl.SSLContext``.
 
     python stub_server.py [--port N] [--token-file PATH]   # serve an empty API
     python stub_server.py --demo [--port N]                # serve a small synthetic marketplace
@@ -19,6 +22,7 @@ import os
 import secrets
 import shlex
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -143,6 +147,16 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
+    def get_request(self):
+        """Counts each connection; TLS is wrapped here, its handshake done in the handler's thread."""
+        sock, addr = self.socket.accept()
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # headers and body: no Nagle wait
+        with self.stub._lock:
+            self.stub.connections += 1
+        if self.stub.tls is not None:
+            sock = self.stub.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        return sock, addr
+
     def handle_error(self, request, client_address):
         """Clients that hang up mid-answer (timeouts in tests) are normal; stay quiet."""
         if self.stub.verbose:
@@ -150,8 +164,23 @@ class _Server(ThreadingHTTPServer):
 
 
 class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.0"  # one request per connection: simple and deterministic
+    protocol_version = "HTTP/1.1"  # kept alive unless the stub closes after each answer
     server_version = "a4sx-stub"
+
+    def setup(self):
+        super().setup()
+        self.connection.settimeout(self.server.stub.idle_close)
+        if self.server.stub.tls is not None:
+            try:
+                self.connection.do_handshake()
+            except (OSError, ValueError):
+                self.close_connection = True  # the first read fails too, and the connection ends
+
+    def handle_one_request(self):
+        try:
+            super().handle_one_request()
+        except (OSError, ValueError):  # a client gone, an idle connection timed out
+            self.close_connection = True
 
     def log_message(self, fmt, *args):
         if self.server.stub.verbose:
@@ -166,8 +195,11 @@ class _Handler(BaseHTTPRequestHandler):
 class Stub:
     """The fake API. State is plain attributes that tests may edit directly between requests."""
 
-    def __init__(self, port=0, *, verbose=False):
+    def __init__(self, port=0, *, verbose=False, tls=None, close_each=False, idle_close=None):
         self.verbose = verbose
+        self.tls, self.close_each, self.idle_close = tls, close_each, idle_close
+        self.connections = 0
+        self._stop_event = threading.Event()
         self.tokens = set()
         self.listings = {}
         self.entitled = set()
@@ -183,7 +215,7 @@ class Stub:
         self._server = _Server((HOST, port), _Handler)
         self._server.stub = self
         self.port = self._server.server_address[1]
-        self.base = "http://%s:%d" % (HOST, self.port)
+        self.base = "%s://%s:%d" % ("https" if tls else "http", HOST, self.port)
         self._thread = threading.Thread(target=self._server.serve_forever, name="a4sx-stub", daemon=True)
         self._thread.start()
 
@@ -194,6 +226,7 @@ class Stub:
             if self._stopped:
                 return
             self._stopped = True
+        self._stop_event.set()
         self._server.shutdown()
         self._server.server_close()
 
@@ -219,13 +252,18 @@ class Stub:
             return [dict(r) for r in self.log if route is None or r["route"] == route]
 
     def queue(self, route, status=200, body=None, *, delay=0.0, drop=False, redirect=None, headers=None,
-              store=False, raw=None, cut=False):
+              store=False, raw=None, cut=False, trickle=0.0, stall=False, flood=None, announce=True):
         """Queue one canned answer for ``route`` (FIFO). ``status=None`` with ``delay`` gives the
         normal answer, late. ``cut`` (or ``headers={"X-Cut": "1"}``) announces 100 bytes more than
-        it sends, then closes. ``store`` (push only) stores the push, then answers with the canned one."""
+        it sends, then closes. ``store`` (push only) stores the push, then answers with the canned one.
+        ``trickle``: the body one byte per that many seconds. ``stall``: headers, then nothing until
+        the client hangs up or the stub stops. ``flood=(head, unit, count, tail)``: a body of
+        ``head + unit * count + tail`` streamed without building it; ``announce=False`` sends no
+        Content-Length (the body ends when the connection closes)."""
         with self._lock:
             self._queues[route].append(dict(status=status, body=body, delay=delay, drop=drop, redirect=redirect,
-                                            headers=dict(headers or {}), store=store, raw=raw, cut=cut))
+                                            headers=dict(headers or {}), store=store, raw=raw, cut=cut,
+                                            trickle=trickle, stall=stall, flood=flood, announce=announce))
 
     def clear_queue(self):
         with self._lock:
@@ -265,7 +303,7 @@ class Stub:
             length = -1
         if length < 0 or length > MAX_BODY:
             code = "bad_request" if length < 0 else "too_large"
-            return self._send(h, rec, 400 if length < 0 else 413, _err(code))
+            return self._send(h, rec, 400 if length < 0 else 413, _err(code), canned={"close": True})
         rec["body"] = h.rfile.read(length) if length else b""
         with self._lock:
             q = self._queues.get(route)
@@ -277,7 +315,7 @@ class Stub:
             time.sleep(canned["delay"])
         if canned["drop"]:
             h.close_connection = True  # nothing written: the client sees the connection close
-            return
+            return None
         if canned["store"] or canned["status"] is None:
             status, body = self._answer(rec, route, path, query, headers)
             if canned["status"] is None:
@@ -291,9 +329,11 @@ class Stub:
         if payload is None:
             payload = {}
         cut = canned["cut"] or extra.get("X-Cut") == "1"
-        return self._send(h, rec, status, payload, extra, cut)
+        if canned["flood"] is not None:
+            return self._flood(h, rec, status, canned["flood"], canned["announce"])
+        return self._send(h, rec, status, payload, extra, cut, canned)
 
-    def _send(self, h, rec, status, body, headers=None, cut=False):
+    def _send(self, h, rec, status, body, headers=None, cut=False, canned=None):
         """Write one answer: JSON unless ``body`` is bytes or str (sent verbatim)."""
         if isinstance(body, str):
             data = body.encode("utf-8")
@@ -303,17 +343,58 @@ class Stub:
             data = json.dumps(body).encode("utf-8")
         headers = dict(headers or {})
         ctype = headers.pop("Content-Type", None) or headers.pop("content-type", None) or "application/json"
+        canned = canned or {}
+        close = bool(cut or self.close_each or canned.get("announce") is False or canned.get("close"))
         rec["status"] = status  # set before writing, so a client that got the answer sees it logged
         h.send_response(status)
         h.send_header("Content-Type", ctype)
-        h.send_header("Content-Length", str(len(data) + (100 if cut else 0)))
+        if canned.get("announce", True):
+            h.send_header("Content-Length", str(len(data) + (100 if cut else 0)))
+        if close:
+            h.send_header("Connection", "close")
         for k, v in headers.items():
             h.send_header(k, v)
         h.end_headers()
-        if h.command != "HEAD":
-            h.wfile.write(data)
+        h.close_connection = close or h.close_connection  # the client may have asked to close
+        if h.command == "HEAD":
+            return h.wfile.flush()
+        if canned.get("stall"):
+            h.wfile.flush()
+            self._stop_event.wait(60)
+            h.close_connection = True
+            return None
+        if canned.get("trickle"):
+            for i in range(len(data)):
+                h.wfile.write(data[i:i + 1])
+                h.wfile.flush()
+                if self._stop_event.wait(canned["trickle"]):
+                    break
+            return None
+        h.wfile.write(data)
         h.wfile.flush()
+        return None
+
+    def _flood(self, h, rec, status, flood, announce):
+        """A huge body streamed from its parts, never built whole."""
+        head, unit, count, tail = flood
+        rec["status"] = status
+        h.send_response(status)
+        h.send_header("Content-Type", "application/json")
+        if announce:
+            h.send_header("Content-Length", str(len(head) + len(unit) * count + len(tail)))
+        h.send_header("Connection", "close")
+        h.end_headers()
         h.close_connection = True
+        h.wfile.write(head)
+        block = unit * max(1, (1 << 20) // max(1, len(unit)))
+        per_block = len(block) // len(unit)
+        left = count
+        while left > 0:
+            n = min(left, per_block)
+            h.wfile.write(block if n == per_block else unit * n)
+            left -= n
+        h.wfile.write(tail)
+        h.wfile.flush()
 
     def _auth(self, headers):
         """None when the bearer is accepted, else the 401 answer."""
