@@ -4602,8 +4602,10 @@ def _injection_corpus_run(spawn, stub, token, full, seed):
     started = time.monotonic()
     first = proc.tool("search_sessions", {})[1]
     real_nonce = BEGIN_LINE.search(first).group(1)
-    # the largest stays under the 4 MiB answer cap of the routes it rides, even \u-escaped
-    payloads = injection_payloads(rng, 600, [real_nonce], huge=(20000, 100000, 500000))
+    # the largest stays under the 4 MiB answer cap of the routes it rides, even \u-escaped; the full run
+    # puts every payload in every field, so its answers would carry each huge one dozens of times
+    # (the whole library is one listing, capped at 8 MiB): there the largest is 20,000 characters
+    payloads = injection_payloads(rng, 600, [real_nonce], huge=(20000,) if full else (20000, 100000, 500000))
     run = InjectionRun(proc, stub, payloads, full)
     timings = []
     for phase in (run.marketplace, run.library, run.fetch, run.acquire, run.api_errors):
