@@ -31,16 +31,24 @@ import sys
 
 
 def _drop_working_dir(path):
-    """``sys.path`` without the working directory (``''``, ``.`` or its full path, as ``python -m``
-    puts it first): MCP clients start servers in the user's project folder, and a lazy import must
-    never run code from there. The folder this file itself was loaded from stays."""
+    """``sys.path`` without the working directory (``''``, a relative entry, or its full path, as
+    ``python -m`` puts it first): MCP clients start servers in the user's project folder, and no
+    import may run code from there. The folder this file itself was loaded from stays."""
     try:
         cwd = os.path.realpath(os.getcwd())
     except OSError:
         cwd = None
     own = os.path.realpath(os.path.dirname(os.path.abspath(__file__)))
-    return [entry for entry in path if not isinstance(entry, str) or entry not in ("", ".") and (
-        os.path.realpath(entry) != cwd or os.path.realpath(entry) == own)]
+
+    def kept(entry):
+        if not isinstance(entry, str):
+            return True
+        if not entry or not os.path.isabs(entry):
+            return False
+        real = os.path.realpath(entry)
+        return real != cwd or real == own
+
+    return [entry for entry in path if kept(entry)]
 
 
 sys.path[:] = _drop_working_dir(sys.path)  # first, before any other import
