@@ -21,7 +21,8 @@ Run it as ``a4sx-mcp``, ``python -m a4sx_mcp`` or ``python3 a4sx_mcp.py`` (a cop
 
 For a reviewer: every network request is made in ``Api.call``; the only other process is the scrub
 worker (this same file with ``--scrub-worker``, spoken to over pipes, never the network); the only
-files written are the SDK's untrusted-session records, through the SDK (``mark_untrusted``).
+files written are the SDK's untrusted-session records, in its format with its private-file writer
+(``mark_untrusted``).
 """
 
 from __future__ import annotations
@@ -523,9 +524,9 @@ def _clean_line(text):
 
 
 def _one_line_whole(text):
-    """``neutralize`` for one line: once whitespace is collapsed there is no line break left and
-    only the first character can lead a line."""
-    return _LEADING_HASH.sub("\\1\\\\#", _defuse(_WHITESPACE.sub(" ", text).strip()), 1)
+    """``neutralize`` for one line: once whitespace is collapsed there is no line break left, so
+    only the start of the text can lead a line."""
+    return _LEADING_HASH.sub("\\1\\\\#", _defuse(_WHITESPACE.sub(" ", text).strip()))
 
 
 def bounded(text, cap, transform):
@@ -782,17 +783,18 @@ def carries_other_authors_framing(data):
     return False
 
 
-def _strings(value, depth=0):
-    """Every string (keys included) in a decoded JSON value."""
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, dict) and depth < 64:
-        for key, item in value.items():
-            yield key
-            yield from _strings(item, depth + 1)
-    elif isinstance(value, list) and depth < 64:
-        for item in value:
-            yield from _strings(item, depth + 1)
+def _strings(value):
+    """Every string (keys included) in a decoded JSON value, at any depth (a stack, no recursion)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            yield item
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 INJECTED_PREFIXES = ("<system-reminder", "<command-name", "<command-message", "<command-args", "<local-command",

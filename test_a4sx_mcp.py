@@ -1339,8 +1339,9 @@ def fetched_text(mcp, stub, cid, **row):
     return structured, text
 
 
-def test_publish_keeps_the_taint_of_another_authors_content(mcp, stub, token, env):
+def test_publish_keeps_the_taint_of_another_authors_content(spawn, stub, token, env):
     """Issue 11, finding 1: another author's content keeps its warning when it is published again."""
+    mcp = spawn(extra_env={"A4SX_MCP_PUBLISH_PER_MIN": "0"})
     structured, framed = fetched_text(mcp, stub, "lib-acq", label="acq-label", acquired_from={"id": "l-9"})
     assert structured["untrusted"] is True and OTHER_AUTHOR_CAUTION in framed
     _, own_framed = fetched_text(mcp, stub, "lib-own", label="own-label")
@@ -1368,6 +1369,13 @@ def test_publish_keeps_the_taint_of_another_authors_content(mcp, stub, token, en
     line = line.replace("<", "\\u003c").replace("C", "\\u0043")
     structured_saved, _, is_error = mcp.tool("publish_session", {"transcript": line + "\n"})
     assert not is_error and structured_saved["untrusted"] is True
+    # ... and as a harness that writes non-ASCII as is records it (no escapes at all); the same for own content
+    for text, expected in ((framed, True), (own_framed, False)):
+        assert OTHER_AUTHOR_CAUTION in text or not expected
+        line = json.dumps(claude_record("user", text, session_id="raw-%s" % expected), ensure_ascii=False)
+        assert "\\u" not in line
+        structured_saved, _, is_error = mcp.tool("publish_session", {"transcript": line + "\n"})
+        assert not is_error and structured_saved["untrusted"] is expected
     # a version pushed by label into an entry that holds another author's content
     saved = publish([claude_record("user", "my own words", session_id="fresh-4")], label="acq-label")
     assert saved["library_id"] == "lib-acq" and saved["untrusted"] is True
@@ -1403,6 +1411,13 @@ def test_publish_accepts_only_record_types_the_harness_writes(mcp, stub, token):
                             'line 2 has record type "file"')):
         structured, text, is_error = mcp.tool("publish_session", {"transcript": write_transcript(records)})
         assert is_error and structured["error"] == "not_a_transcript" and where in text, text
+    for transcript, why in ((write_transcript([turn]) + "\n  \n" + json.dumps({"type": "x"}) + "\n",
+                             'line 4 has record type "x", which no supported harness writes'),
+                            (write_transcript([turn]) + '{"type": "user", "text": "\ud800"}\n',
+                             "line 2 is not valid UTF-8")):
+        structured, text, is_error = mcp.tool("publish_session", {"transcript": transcript})
+        assert is_error and structured["error"] == "not_a_transcript", text
+        assert text == "Not a Claude Code or Codex CLI JSONL transcript: %s. Nothing was sent." % why, text
     assert stub.requests() == []
     claude = [{"type": "summary", "summary": "t", "leafUuid": "u"}, {"type": "custom-title", "customTitle": "t"},
               {"type": "queue-operation", "operation": "dequeue", "sessionId": "t-2"},
@@ -1694,42 +1709,46 @@ def test_token_files_and_the_config_dir_are_trusted_like_ssh(spawn, stub, env, t
     def library():
         return proc.tool("search_sessions", {"scope": "library"})
 
-    def refused(fix):
+    def refused(path, why):
         structured, text, is_error = library()
-        assert is_error and structured["error"] == "config_untrusted" and fix in text, text
+        assert is_error and structured["error"] == "config_untrusted", text
+        assert text == "The a4sx sign-in was not used: %s %s. Nothing was sent." % (path, why), text
         done = run_check(stub.base)
-        assert done.returncode == 1 and "sign-in:    refused" in done.stdout and fix in done.stdout, done.stdout
+        assert done.returncode == 1 and "sign-in:    refused" in done.stdout and "to fix: %s %s" % (path, why) in done.stdout, done.stdout
 
     os.chmod(creds, 0o644)  # a regular file readable by others goes back to 0600 and is used
+    assert not library()[2] and creds.stat().st_mode & 0o777 == 0o600
+    os.chmod(creds, 0o611)  # execute bits are not write bits (the directory's are needed to enter it)
+    os.chmod(cfg, 0o711)
     assert not library()[2] and creds.stat().st_mode & 0o777 == 0o600
     target = tmp_path / "elsewhere.json"  # a symlink: its target is never changed, and is refused until fixed
     target.write_text(creds.read_text())
     os.chmod(target, 0o644)
     creds.unlink()
     creds.symlink_to(target)
-    refused("chmod 600 %s" % target)
+    refused(creds, "(a symlink) is readable by group or others: run `chmod 600 %s`" % target)
     assert target.stat().st_mode & 0o777 == 0o644
     os.chmod(target, 0o600)
     assert not library()[2]  # a private file behind a symlink is used
     creds.unlink()
     creds.write_text(json.dumps({stub.base: token}))
     os.chmod(creds, 0o620)  # writable by the group
-    refused("chmod 600 %s" % creds)
+    refused(creds, "is writable by group or others: run `chmod 600 %s`" % creds)
     assert creds.stat().st_mode & 0o777 == 0o620
     os.chmod(creds, 0o600)
     os.chmod(cfg, 0o777)  # the directory writable by others: any file in it could be replaced
-    refused("chmod 700 %s" % cfg)
+    refused(cfg, "is writable by group or others: run `chmod 700 %s`" % cfg)
     os.chmod(cfg, 0o700)
     if os.getuid() == 0:  # owned by another user (only root can set that up)
         os.chown(creds, 65534, 65534)
-        refused("chown 0 %s" % creds)
+        refused(creds, "is owned by another user: if it is yours, run `sudo chown 0 %s`" % creds)
         os.chown(creds, 0, 0)
         os.chown(cfg, 65534, 65534)
-        refused("chown 0 %s" % cfg)
+        refused(cfg, "is owned by another user: if it is yours, run `sudo chown 0 %s`" % cfg)
         os.chown(cfg, 0, 0)
     assert not library()[2]
     sent = [r for r in stub.requests() if r["headers"].get("authorization")]
-    assert len(sent) == 3  # the three calls that were allowed; none while refused
+    assert len(sent) == 4  # the four calls that were allowed; none while refused
 
 
 def test_no_code_from_the_working_directory(stub, token, tmp_path):
