@@ -774,8 +774,8 @@ def carries_other_authors_framing(data):
     begin = found_caution = False
     for raw in byte_lines(data):
         text = raw.decode("utf-8", "replace")
-        if "\\u" in text:
-            text += "\n" + "\n".join(_strings(parse_record(text)))
+        if "\\u" in text:  # (check_transcript has made sure that every line is a JSON record)
+            text = "\n".join(_strings(parse_record(text)))
         begin = begin or _FRAMED_BEGIN.search(text) is not None
         found_caution = found_caution or OTHER_AUTHOR_CAUTION in text
         if begin and found_caution:

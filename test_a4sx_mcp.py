@@ -1067,6 +1067,17 @@ def test_fetch_untrusted_rules(mcp, stub, token):
     assert not is_error and structured["untrusted"] is True  # listing failed: fail closed
 
 
+def test_untrusted_walk_ends_on_a_parent_cycle(mcp, stub, token):
+    """A parent cycle in the library (a malformed answer) neither hangs nor taints own content."""
+    transcript = {"transcript.jsonl": claude_jsonl([claude_record("user", "hi")])}
+    put_session(stub, "loop-a", transcript, parent={"cid": "loop-b"})
+    put_session(stub, "loop-b", transcript, parent={"cid": "loop-a"})
+    put_session(stub, "loop-c", transcript, parent={"cid": "loop-c"})
+    for cid in ("loop-a", "loop-b", "loop-c"):
+        structured, _, is_error = mcp.tool("fetch_session_context", {"id": cid}, timeout=15)
+        assert not is_error and structured["untrusted"] is False, cid
+
+
 def test_fetch_locally_marked_untrusted(mcp, stub, token, env):
     put_session(stub, "own", {"transcript.jsonl": claude_jsonl([claude_record("user", "hi")])})
     (env["cfg"] / "untrusted.json").write_text(json.dumps({stub.base: ["own"]}))
@@ -1432,6 +1443,32 @@ def test_publish_accepts_only_record_types_the_harness_writes(mcp, stub, token):
         structured, _, is_error = mcp.tool("publish_session", {"transcript": write_transcript(records)})
         assert not is_error, structured
     assert len(stub.pushes) == 2
+
+
+def test_publish_transcript_check_word_for_word(mcp, stub, token):
+    """What makes a transcript, and the reason given for each refusal (found by mutation testing)."""
+    reasons = (("[]\n", "line 1 is not a JSON object"), ("{nope\n", "line 1 is not valid JSON"),
+               ('{"type": 5}\n', 'line 1 has no string "type"'), ("\n \n", "the transcript has no records"),
+               (json.dumps({"type": "t" * 45}) + "\n",
+                'line 1 has record type "%s\\u2026", which no supported harness writes' % ("t" * 39)),
+               ('{"type": "event_msg", "payload": {}}\n{"type": "session_meta", "payload": {}}\n',
+                "no Claude Code turn (a user or assistant record with a message and a sessionId) and no Codex CLI "
+                "session_meta record first"),
+               ('{"type": "user", "message": "hi", "sessionId": "s"}\n', "no Claude Code turn"),
+               ('{"type": "system", "message": {}, "sessionId": "s"}\n', "no Claude Code turn"))
+    for transcript, why in reasons:
+        structured, text, is_error = mcp.tool("publish_session", {"transcript": transcript})
+        assert is_error and structured["error"] == "not_a_transcript", (transcript, text)
+        assert text.startswith("Not a Claude Code or Codex CLI JSONL transcript: %s" % why), (transcript, text)
+        assert text.endswith(". Nothing was sent."), text
+    assert stub.requests() == []
+    # a turn is a user or an assistant record with a message object and a sessionId or a uuid
+    for record in ({"type": "user", "message": {}, "sessionId": "s1"}, {"type": "user", "message": {}, "uuid": "u2"},
+                   {"type": "assistant", "message": {}, "sessionId": "s3"},
+                   {"type": "assistant", "message": {}, "uuid": "u4"}):
+        structured, _, is_error = mcp.tool("publish_session", {"transcript": json.dumps(record) + "\n"})
+        assert not is_error, (record, structured)
+    assert len(stub.pushes) == 4
 
 
 SDK_BLOCKER = '''
