@@ -21,17 +21,44 @@ Run it as ``a4sx-mcp``, ``python -m a4sx_mcp`` or ``python3 a4sx_mcp.py`` (a cop
 
 For a reviewer: every network request is a route of ``ROUTES``, made in ``Api.call``; the only other process is the scrub
 worker (this same file with ``--scrub-worker``, spoken to over pipes, never the network); the only
-files written are the SDK's untrusted-session records, through the SDK (``mark_untrusted``).
+files written are the SDK's untrusted-session records, in its format with its private-file writer
+(``mark_untrusted``).
 """
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import sys
-import threading
-import time
+
+
+def _drop_working_dir(path):
+    """``sys.path`` without the working directory (``''``, a relative entry, or its full path, as
+    ``python -m`` puts it first): MCP clients start servers in the user's project folder, and no
+    import may run code from there. The folder this file itself was loaded from stays."""
+    try:
+        cwd = os.path.realpath(os.getcwd())
+    except OSError:
+        cwd = None
+    own = os.path.realpath(os.path.dirname(os.path.abspath(__file__)))
+
+    def kept(entry):
+        if not isinstance(entry, str):
+            return True
+        if not entry or not os.path.isabs(entry):
+            return False
+        real = os.path.realpath(entry)
+        return real != cwd or real == own
+
+    return [entry for entry in path if kept(entry)]
+
+
+sys.path[:] = _drop_working_dir(sys.path)  # first, before any other import
+
+import json  # noqa: E402 - after the sys.path clean-up on purpose
+import re  # noqa: E402
+import stat  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -140,14 +167,68 @@ def resolve_base(flag=None):
     return PUBLIC_BASE, "default"
 
 
-def _tighten(path):
-    """Token files readable by group or others go back to 0600 when read (as the SDK does)."""
-    if os.name == "posix":
+class ConfigUntrusted(Exception):
+    """A token file or the config directory that another user could have written: refused, with
+    the command that fixes it."""
+
+
+def _trust_problem(path, status, mode):
+    """Why ``path`` must not be trusted (ssh's rule: owned by this user, writable by it alone), or None."""
+    from shlex import quote
+
+    if status.st_uid != os.getuid():
+        return "%s is owned by another user: if it is yours, run `sudo chown %d %s`" % (path, os.getuid(), quote(path))
+    if status.st_mode & 0o022:
+        return "%s is writable by group or others: run `chmod %s %s`" % (path, mode, quote(path))
+    return None
+
+
+def config_dir_problem():
+    """Why the config directory must not be trusted, or None (also None when it does not exist)."""
+    if os.name != "posix":
+        return None
+    try:
+        return _trust_problem(config_dir(), os.stat(config_dir()), "700")
+    except OSError:
+        return None
+
+
+def read_private(path):
+    """A token file's text, or None when there is none. Like ssh, refuses (``ConfigUntrusted``) a
+    file or config directory owned by another user or writable by group or others. A file readable
+    by others goes back to 0600 (as the SDK does) through its own descriptor, opened without
+    following a symlink; a symlinked one is never changed, so it is refused until fixed by hand."""
+    if os.name != "posix":
         try:
-            if os.stat(path).st_mode & 0o077:
-                os.chmod(path, 0o600)
+            with open(path, encoding="utf-8") as f:
+                return f.read()
         except OSError:
-            pass
+            return None
+    problem = config_dir_problem()
+    if problem:
+        raise ConfigUntrusted(problem)
+    linked = os.path.islink(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | (0 if linked else os.O_NOFOLLOW))
+    except OSError:
+        return None
+    with os.fdopen(fd, encoding="utf-8") as f:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            return None
+        problem = _trust_problem(path, status, "600")
+        if problem is None and status.st_mode & 0o077:
+            if linked:
+                problem = ("%s (a symlink) is readable by group or others: run `chmod 600 %s`"
+                           % (path, os.path.realpath(path)))
+            else:
+                os.fchmod(fd, 0o600)
+        if problem:
+            raise ConfigUntrusted(problem)
+        try:
+            return f.read()
+        except (OSError, ValueError):
+            return None
 
 
 def _legacy_origin():
@@ -161,7 +242,7 @@ def _legacy_origin():
 
 def find_token(origin):
     """``(token, where)`` for the token issued by ``origin``, or ``(None, None)``: never a token
-    stored for another server.
+    stored for another server. Raises ``ConfigUntrusted`` for a token file another user could write.
 
     ``$A4SX_SESSION`` only for ``$A4SX_SESSION_BASE`` (default: the public server; deliberately not
     ``$A4SX_BASE``), then ``credentials.json``, then the standalone script's ``session`` file for
@@ -175,23 +256,18 @@ def find_token(origin):
             env_origin = None
         if origin == env_origin:
             return env_token, "A4SX_SESSION"
-    path = os.path.join(config_dir(), "credentials.json")
-    _tighten(path)
-    creds = _read_json(path)
+    try:
+        creds = json.loads(read_private(os.path.join(config_dir(), "credentials.json")) or "null")
+    except ValueError:
+        creds = None
     if isinstance(creds, dict):
         token = creds.get(origin)
         if isinstance(token, str) and token.strip():
             return token.strip(), "credentials.json"
     if origin == _legacy_origin():
-        path = os.path.join(config_dir(), "session")
-        _tighten(path)
-        try:
-            with open(path, encoding="utf-8") as f:
-                token = f.read().strip()
-            if token:
-                return token, "session file"
-        except OSError:
-            pass
+        token = (read_private(os.path.join(config_dir(), "session")) or "").strip()
+        if token:
+            return token, "session file"
     return None, None
 
 
@@ -716,11 +792,13 @@ def api_error_fields(body):
 
 
 def retry_after_of(details):
+    """The server's ``retry_after_s`` in whole seconds (at most a day), or None for anything that is
+    not a positive finite number (``1e400`` and ``Infinity`` parse as an infinite float)."""
     try:
         value = int(details.get("retry_after_s"))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
-    return value if value > 0 else None
+    return min(value, 86400) if value > 0 else None
 
 
 # =============================================================================================
@@ -744,7 +822,15 @@ def _unsafe_char(match):
     return "\ufffd" if match.group() >= "\ud800" else ""
 
 
-_LEADING_HASH = re.compile(r"^([ \t]*)#", re.M)
+# What may come before a line's first visible character: whitespace other than a line break, the
+# Unicode format characters (category Cf: zero-width spaces and joiners, bidi marks, BOM, tags) and
+# the other characters that render as nothing (fillers, variation selectors). A ``#`` after them
+# still reads as a Markdown heading, so it is escaped like a bare one.
+_INVISIBLE = ("\u00ad\u034f\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u115f\u1160\u17b4\u17b5"
+              "\u180b-\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\u3164\ufe00-\ufe0f\ufeff"
+              "\uffa0\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U00013438\U0001bca0-\U0001bca3"
+              "\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f\U000e0100-\U000e01ef")
+_LEADING_HASH = re.compile("^((?:[^\\S\n]|[%s])*)#" % _INVISIBLE, re.M)
 _WHITESPACE = re.compile(r"\s+")
 
 
@@ -755,7 +841,8 @@ def _defuse(text):
 
 
 def neutralize(text):
-    """Line breaks to ``\\n``, ``<<<``/``>>>`` to ``‹‹‹``/``›››``, a line-leading ``#`` to ``\\#``."""
+    """Line breaks to ``\\n``, ``<<<``/``>>>`` to ``‹‹‹``/``›››``, a line-leading ``#`` (after any
+    whitespace or invisible characters) to ``\\#``."""
     return _LEADING_HASH.sub("\\1\\\\#", _defuse(_LINE_BREAKS.sub("\n", text)))
 
 
@@ -778,10 +865,9 @@ def _clean_line(text):
 
 
 def _one_line_whole(text):
-    """``neutralize`` for one line: once whitespace is collapsed there is no line break left and
-    only the first character can lead a line."""
-    text = _defuse(_WHITESPACE.sub(" ", text).strip())
-    return "\\" + text if text.startswith("#") else text
+    """``neutralize`` for one line: once whitespace is collapsed there is no line break left, so
+    only the start of the text can lead a line."""
+    return _LEADING_HASH.sub("\\1\\\\#", _defuse(_WHITESPACE.sub(" ", text).strip()))
 
 
 def bounded(text, cap, transform):
@@ -1012,6 +1098,16 @@ def byte_lines(data):
         start = end + 1
 
 
+# The record types the harnesses write, and nothing else, so publish cannot carry an arbitrary file
+# in made-up records. Claude Code: the turns and the records around them (``a4sx.transcript`` reads
+# user, assistant and system records; summary, custom-title, file-history-snapshot, queue-operation
+# and progress appear in real session files). Codex CLI rollouts: session_meta first, then
+# turn_context, response_item, event_msg and compacted.
+TRANSCRIPT_TYPES = frozenset(("user", "assistant", "system", "summary", "custom-title", "file-history-snapshot",
+                              "queue-operation", "progress", "session_meta", "turn_context", "response_item",
+                              "event_msg", "compacted"))
+
+
 def check_transcript(data):
     """None when ``data`` (bytes) is a Claude Code or Codex CLI JSONL transcript, else why not (with
     the line). Decoded line by line, so a 2 MiB transcript is not copied whole as text."""
@@ -1031,6 +1127,9 @@ def check_transcript(data):
             return "line %d is not a JSON object" % number
         if not isinstance(record.get("type"), str):
             return "line %d has no string \"type\"" % number
+        if record["type"] not in TRANSCRIPT_TYPES:
+            return "line %d has record type %s, which no supported harness writes" % (
+                number, json.dumps(one_line(record["type"], 40)))
         if first is None:
             first = record
         if (record["type"] in ("user", "assistant") and isinstance(record.get("message"), dict)
@@ -1042,6 +1141,45 @@ def check_transcript(data):
         return None
     return ("no Claude Code turn (a user or assistant record with a message and a sessionId) and no Codex CLI "
             "session_meta record first")
+
+
+# This server's envelope for another author's content, as a harness records it in a tool result:
+# the BEGIN line (also as it reads once neutralised inside another envelope) and the CAUTION notice.
+_FRAMED_BEGIN = re.compile("(?:<<<|\u2039\u2039\u2039)%s nonce=[0-9a-f]{16}" % BEGIN_MARK)
+OTHER_AUTHOR_CAUTION = "CAUTION: this content was written by ANOTHER author"
+
+
+def carries_other_authors_framing(data):
+    """True when the transcript (bytes) holds this server's framed output for another author's
+    session, anywhere: its BEGIN line and its CAUTION notice. Lines with JSON escapes are also
+    looked at decoded, since an escape can spell either marker. A paraphrase is not caught."""
+    caution = OTHER_AUTHOR_CAUTION.encode()
+    if b"\\u" not in data:
+        return caution in data and _FRAMED_BEGIN.search(data.decode("utf-8", "replace")) is not None
+    begin = found_caution = False
+    for raw in byte_lines(data):
+        text = raw.decode("utf-8", "replace")
+        if "\\u" in text:  # (check_transcript has made sure that every line is a JSON record)
+            text = "\n".join(_strings(parse_record(text)))
+        begin = begin or _FRAMED_BEGIN.search(text) is not None
+        found_caution = found_caution or OTHER_AUTHOR_CAUTION in text
+        if begin and found_caution:
+            return True
+    return False
+
+
+def _strings(value):
+    """Every string (keys included) in a decoded JSON value, at any depth (a stack, no recursion)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            yield item
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 INJECTED_PREFIXES = ("<system-reminder", "<command-name", "<command-message", "<command-args", "<local-command",
@@ -1170,18 +1308,20 @@ def claude_turns(data, tools):
 def bundle_size(bundle):
     """Characters of base64 a bundle holds (its transcripts and documents)."""
     members = bundle.get("members") if isinstance(bundle, dict) else None
-    return sum(len(f.get("content_b64") or "") for m in members or [] if isinstance(m, dict)
-               for f in m.get("files") or [] if isinstance(f, dict) and isinstance(f.get("content_b64"), str))
+    return sum(len(f["content_b64"]) for m in (members if isinstance(members, list) else ()) if isinstance(m, dict)
+               for f in (m.get("files") if isinstance(m.get("files"), list) else ())
+               if isinstance(f, dict) and isinstance(f.get("content_b64"), str))
 
 
 def pick_transcript(bundle):
     """``("canonical", doc)`` or ``("jsonl", bytes)`` from the first session member, or None."""
     members = bundle.get("members") if isinstance(bundle, dict) else None
-    member = next((m for m in members or [] if isinstance(m, dict) and m.get("kind") == "session"), None)
+    member = next((m for m in (members if isinstance(members, list) else ())
+                   if isinstance(m, dict) and m.get("kind") == "session"), None)
     if member is None:
         return None
     files = {}
-    for entry in member.get("files") or []:
+    for entry in member.get("files") if isinstance(member.get("files"), list) else ():
         if isinstance(entry, dict) and isinstance(entry.get("path"), str) and isinstance(entry.get("content_b64"), str):
             files.setdefault(entry["path"], entry["content_b64"])
 
@@ -1266,29 +1406,23 @@ class SdkMissing(Exception):
     pass
 
 
-_sdk_module = None
-_sdk_lock = threading.Lock()
+def sdk_module(name):
+    """``a4sx.<name>``, imported on first use only. ``a4sx.scrub`` costs ~230 ms of regex compiling,
+    which no handshake and no read should wait for: ``a4sx.sdk`` imports it, so the records below
+    use ``a4sx.config`` and ``a4sx.transcript``, which do not."""
+    import importlib
 
-
-def sdk():
-    """``a4sx.sdk``, imported on first use only (``import a4sx.scrub`` costs ~230 ms of regex
-    compiling, which no handshake and no public read should wait for)."""
-    global _sdk_module
-    with _sdk_lock:
-        if _sdk_module is None:
-            try:
-                import a4sx.sdk as module
-            except ImportError:
-                raise SdkMissing() from None
-            _sdk_module = module
-        return _sdk_module
+    try:
+        return importlib.import_module("%s.%s" % (SDK_PACKAGE, name))
+    except ImportError:
+        raise SdkMissing() from None
 
 
 def sdk_available():
     import importlib.util
 
     try:
-        return _sdk_module is not None or importlib.util.find_spec(SDK_PACKAGE) is not None
+        return SDK_PACKAGE in sys.modules or importlib.util.find_spec(SDK_PACKAGE) is not None
     except (ImportError, ValueError):
         return False
 
@@ -1343,6 +1477,18 @@ def scrub_worker_main():
         stdout.flush()
 
 
+# What the worker inherits: only what Python needs to start and find the SDK (never the token, the
+# a4sx settings or anything else; it needs no network and no configuration).
+WORKER_ENV = ("PATH", "HOME", "USERPROFILE", "SYSTEMROOT", "SYSTEMDRIVE", "TMPDIR", "TEMP", "TMP", "LANG", "LC_ALL",
+              "LC_CTYPE", "LD_LIBRARY_PATH", "DYLD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE",
+              "PYTHONNOUSERSITE", "PYTHONSAFEPATH", "PYTHONUTF8", "PYTHONIOENCODING", "PYTHONDONTWRITEBYTECODE",
+              "PYTHONPYCACHEPREFIX")
+
+
+def worker_environment(environ):
+    return {name: environ[name] for name in WORKER_ENV if name in environ}
+
+
 class ScrubWorker:
     """One long-lived worker process, started on the first large publish, one job at a time."""
 
@@ -1355,7 +1501,8 @@ class ScrubWorker:
 
         script = os.path.abspath(__file__)
         self.proc = subprocess.Popen([sys.executable, script, "--scrub-worker"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True)
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True,
+                                     env=worker_environment(os.environ))
         hello = json.loads(self.proc.stdout.readline() or b"{}")
         if not hello.get("ready"):
             self.stop()
@@ -1412,9 +1559,7 @@ def scrub_transcript(data, title, label, cancel):
     CLI's rules in mode ``full``. Raises ``SdkMissing`` when the SDK is not installed."""
     texts = {k: v for k, v in (("title", title), ("label", label)) if v}
     if len(data) <= INPROCESS_SCRUB_BYTES:
-        sdk()
-        from a4sx import scrub
-
+        scrub = sdk_module("scrub")
         out, report = scrub.scrub_bytes(data, mode="full")
         scrubbed = {key: list(scrub.scrub_text(value)) for key, value in texts.items()}
         return out, {"lines_changed": report.lines_changed, "rules": report.rules}, scrubbed
@@ -1423,15 +1568,60 @@ def scrub_transcript(data, title, label, cancel):
     return SCRUB_WORKER.scrub(data, texts, cancel)
 
 
-def transcript_session_id(data, module):
+def transcript_session_id(data):
     """The SDK's ``session_id_of`` (the first record's ``sessionId``), asked one candidate line at a
     time: it would otherwise split and decode the whole upload to find what is on its first line."""
+    module = sdk_module("transcript")
     for line in byte_lines(data):
         if b"sessionId" in line or b"\\u" in line:
             found = module.session_id_of(line)
             if found:
                 return found
     return None
+
+
+# The SDK's untrusted-content records, read and written in its own formats (as ``a4sx.sdk`` 0.11
+# does: ``lineage/<session id>.json`` and ``untrusted.json``, ``{origin: [collection ids]}``) with
+# its own paths, origin rule and private-file writer from ``a4sx.config``: ``a4sx.sdk`` would import
+# the scrub rules, which these records do not need.
+_records_lock = threading.Lock()
+
+
+def _record_name(session_id):
+    """``a4sx.sdk``'s file name for a session id."""
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in session_id)[:128] or "session"
+
+
+def read_lineage(session_id):
+    """The SDK's lineage record for a local session (``record_lineage``), or None."""
+    if not isinstance(session_id, str) or not session_id:
+        return None
+    data = _read_json(os.path.join(sdk_module("config").lineage_dir(), _record_name(session_id) + ".json"))
+    return data if isinstance(data, dict) else None
+
+
+def _untrusted_registry():
+    data = _read_json(os.path.join(sdk_module("config").config_dir(), "untrusted.json"))
+    return data if isinstance(data, dict) else {}
+
+
+def marked_untrusted(base):
+    """Collection ids this machine marked as holding another author's content on ``base``."""
+    ids = _untrusted_registry().get(sdk_module("config").normalize_base_url(base))
+    return {str(cid) for cid in ids} if isinstance(ids, list) else set()
+
+
+def mark_untrusted(base, collection):
+    config = sdk_module("config")
+    with _records_lock:
+        registry = _untrusted_registry()
+        origin = config.normalize_base_url(base)
+        ids = registry.get(origin)
+        ids = [cid for cid in ids if isinstance(cid, str)] if isinstance(ids, list) else []
+        if collection not in ids:
+            registry[origin] = ids + [collection]
+            config.write_private(os.path.join(config.config_dir(), "untrusted.json"),
+                                 json.dumps(registry, indent=2) + "\n")
 
 
 _libc = None
@@ -1461,25 +1651,28 @@ def release_memory():
 
 
 def rows_untrusted(rows, base):
-    """A function telling whether a library row holds another author's content: the SDK's rule
-    (``acquired_from`` through ``parent`` edges, plus its local registry), or without the SDK the
-    ``acquired_from`` chain alone (the hosted server's rule)."""
+    """A function telling whether a library row holds another author's content: it or an ancestor
+    through ``parent`` edges has ``acquired_from`` or is marked in the SDK's local records (the
+    SDK's ``row_is_untrusted`` rule; without the SDK, the edges alone, the hosted server's rule). An
+    id that is not a string is no id: a malformed row breaks no other row's answer."""
     try:
-        module = sdk()
+        local = marked_untrusted(base)
     except SdkMissing:
-        module = None
-    if module is not None:
-        return lambda row: bool(module.row_is_untrusted(row, rows, base))
-    by_id = {r.get("id"): r for r in rows}
+        local = set()
+    by_id = {row.get("id"): row for row in rows if isinstance(row.get("id"), str)}
 
     def chain(row):
         seen = set()
-        while isinstance(row, dict) and row.get("id") not in seen:
-            seen.add(row.get("id"))
-            if row.get("acquired_from"):
+        while isinstance(row, dict):
+            cid = row.get("id") if isinstance(row.get("id"), str) else None
+            if cid in seen:
+                return False
+            seen.add(cid)
+            if row.get("acquired_from") or cid in local:
                 return True
-            parent = row.get("parent") if isinstance(row.get("parent"), dict) else {}
-            row = by_id.get(parent.get("cid"))
+            parent = row.get("parent")
+            cid = parent.get("cid") if isinstance(parent, dict) else None
+            row = by_id.get(cid) if isinstance(cid, str) else None
         return False
 
     return chain
@@ -1806,8 +1999,13 @@ def _str(value):
     return value if isinstance(value, str) else ("" if value is None else str(value))
 
 
+def _list(value):
+    """A list from an API answer, or an empty one when the field holds anything else."""
+    return value if isinstance(value, list) else []
+
+
 def _tags(value, limit=12):
-    return [t for t in value if isinstance(t, str)][:limit] if isinstance(value, list) else []
+    return [t for t in _list(value) if isinstance(t, str)][:limit]
 
 
 def listing_url(settings, item_id, tenant):
@@ -1854,7 +2052,10 @@ class Call:
         self.large = False  # set by a handler that held megabytes: the heap is trimmed afterwards
 
     def token(self):
-        token = self.settings.token()
+        try:
+            token = self.settings.token()
+        except ConfigUntrusted as err:
+            raise ToolError("config_untrusted", "The a4sx sign-in was not used: %s. Nothing was sent." % err) from None
         if not token:
             raise not_signed_in(self.settings)
         return token
@@ -1897,7 +2098,7 @@ class Call:
     def library(self):
         _, body = self.request("library")
         rows = body.get("sessions") if isinstance(body, dict) else None
-        return [row for row in rows or [] if isinstance(row, dict)]
+        return [row for row in _list(rows) if isinstance(row, dict)]
 
 
 # --- search_sessions ----------------------------------------------------------------------------
@@ -1958,7 +2159,7 @@ def tool_search_sessions(call, args):
         wanted_tags = {t.lower() for t in args.get("tags", [])}
         hits = []
         for row in rows:
-            row_tags = {t.lower() for t in row.get("tags") or [] if isinstance(t, str)}
+            row_tags = {t.lower() for t in _list(row.get("tags")) if isinstance(t, str)}
             if not wanted_tags <= row_tags:
                 continue
             if harness and harness_of(row.get("harness"))["id"] not in harness:
@@ -1975,7 +2176,7 @@ def tool_search_sessions(call, args):
                   "offset": offset, "harness": ",".join(harness)}
         _, body = call.request("discover", params)
         body = body if isinstance(body, dict) else {}
-        items = [item for item in body.get("items") or [] if isinstance(item, dict)][:limit]
+        items = [item for item in _list(body.get("items")) if isinstance(item, dict)][:limit]
         total = body.get("total")
         next_offset = body.get("next_offset")
         result = {"scope": "public", "query": query,
@@ -2007,11 +2208,10 @@ def tool_get_session_summary(call, args):
     if not isinstance(item, dict):
         raise ToolError("not_found", "No marketplace listing with that id.")
     result = public_row(call.settings, item)
-    members = [m for m in item.get("members") or [] if isinstance(m, dict)][:20]
+    members = [m for m in _list(item.get("members")) if isinstance(m, dict)][:20]
     depth, stats = item.get("sf_depth"), item.get("stats")
     result.update({
-        "outline": [o for o in item.get("outline") or [] if isinstance(o, str)][:12]
-        if isinstance(item.get("outline"), list) else [],
+        "outline": [o for o in _list(item.get("outline")) if isinstance(o, str)][:12],
         "members": [{"id": _str(m.get("id")), "kind": _str(m.get("kind")), "title": _str(m.get("title")),
                      "abstract": one_line(_str(m.get("abstract")), 400)} for m in members],
         "depth": depth if isinstance(depth, dict) else {}, "stats": stats if isinstance(stats, dict) else {},
@@ -2134,12 +2334,14 @@ def retry_wait(attempt, details):
 
 def resolve_parent(rows, name):
     """Like the CLI: exact id, then label (or a ``label:<name>`` tag), then a unique substring of
-    title or id; None when nothing (or more than one row) matches."""
+    title or id; None when nothing (or more than one row) matches. A row without a string id is
+    never a parent."""
+    rows = [row for row in rows if isinstance(row.get("id"), str)]
     for row in rows:
         if row.get("id") == name:
             return row
     for row in rows:
-        if row.get("label") == name or "label:" + name in (row.get("tags") or []):
+        if row.get("label") == name or "label:" + name in _list(row.get("tags")):
             return row
     needle = name.lower()
     hits = [r for r in rows if needle in (_str(r.get("title")) + _str(r.get("id"))).lower()]
@@ -2182,7 +2384,6 @@ def tool_publish_session(call, args):
     call.progress("scrubbing the transcript on this machine")
     try:
         upload, report, texts = scrub_transcript(data, args.get("title"), args.get("label"), call.cancel)
-        lineage_sdk = sdk()
     except SdkMissing:
         raise ToolError("sdk_missing", "publish_session needs the `%s` package (the a4sx SDK, %s) to scrub the "
                         "transcript before it leaves this machine; install it with `pip install '%s%s'`. Nothing "
@@ -2192,18 +2393,23 @@ def tool_publish_session(call, args):
     title, label = (texts.get(k, (None, {}))[0] for k in ("title", "label"))
     text_redactions = sum(sum(texts.get(k, (None, {}))[1].values()) for k in ("title", "label"))
     base = call.settings.base
-    lineage = lineage_sdk.read_lineage(transcript_session_id(upload, lineage_sdk)) or {}
-    untrusted = bool(lineage.get("untrusted"))
-    parent = None
+    lineage = read_lineage(transcript_session_id(upload)) or {}
+    # Another author's content keeps its warning when published again (see SECURITY.md): through the
+    # lineage record, the parent's or the target entry's taint, or this server's framing carried in
+    # the transcript itself (a model that copied a fetched session into its own turns).
+    untrusted = bool(lineage.get("untrusted")) or carries_other_authors_framing(data)
+    rows = call.library() if args.get("parent") or label or lineage.get("parent_cid") else []
+    untrusted_of = rows_untrusted(rows, base)
+    parent = parent_row = None
     if args.get("parent"):
-        rows = call.library()
-        row = resolve_parent(rows, args["parent"])
-        parent = _str(row["id"]) if row else args["parent"]
-        untrusted = untrusted or bool(row and rows_untrusted(rows, base)(row))
+        parent_row = resolve_parent(rows, args["parent"])
+        parent = _str(parent_row["id"]) if parent_row else args["parent"]
     elif lineage.get("parent_cid"):
         parent = _str(lineage["parent_cid"])
+        parent_row = next((row for row in rows if row.get("id") == parent), None)
         if lineage.get("parent_version"):
             parent += "@" + _str(lineage["parent_version"])
+    untrusted = untrusted or bool(parent_row and untrusted_of(parent_row))
     ensure_library(call)
     import uuid
 
@@ -2249,9 +2455,11 @@ def tool_publish_session(call, args):
                         "Call publish_session again with the same transcript and idempotency_key %s: a stored "
                         "upload is returned, not saved twice." % headers["Idempotency-Key"],
                         idempotency_key=headers["Idempotency-Key"], status=status)
+    # the entry the version went into (by label) may already hold another author's content
+    untrusted = untrusted or any(row.get("id") == collection and untrusted_of(row) for row in rows)
     if untrusted:
         try:
-            lineage_sdk.mark_untrusted(base, collection)
+            mark_untrusted(base, collection)
         except OSError:
             log("warning", "could not record the untrusted marker locally")
     result = {"status": "saved", "visibility": "private", "library_id": collection, "version": body.get("version"),
@@ -3238,10 +3446,15 @@ def run_check(settings):
               "config.json": "the server you signed in to last (%s)" % os.path.join(config_dir(), "config.json"),
               "default": "the default"}[settings.base_source]
     out.append("server:     %s (from %s)" % (settings.base, source))
-    token, where = find_token(settings.base)
-    out.append("sign-in:    %s" % ("found for this server (%s)" % where if token else "none for this server"))
-    if not token:
-        fixes.append("sign in: run `%s` (public search works without it)" % settings.login_hint())
+    try:
+        token, where = find_token(settings.base)
+        out.append("sign-in:    %s" % ("found for this server (%s)" % where if token else "none for this server"))
+        if not token:
+            fixes.append("sign in: run `%s` (public search works without it)" % settings.login_hint())
+    except ConfigUntrusted as err:
+        token = None
+        out.append("sign-in:    refused (another user could have written it)")
+        fixes.append(str(err))
     out.append("tls:        %s" % ("trusts " + trust_store() if settings.base.startswith("https:")
                                    else "not used (plain http, allowed to this machine only)"))
     api = Api(settings)
@@ -3291,6 +3504,16 @@ def run_check(settings):
     return 1 if fixes else 0
 
 
+def file_digest_line():
+    """``<sha256>  <path>`` of this running file, as ``sha256sum`` prints it: a copy made after a
+    review can be compared with the reviewed file (SECURITY.md)."""
+    import hashlib
+
+    path = os.path.abspath(__file__)
+    with open(path, "rb") as f:
+        return "%s  %s" % (hashlib.sha256(f.read()).hexdigest(), path)
+
+
 USAGE = """usage: a4sx-mcp [--base URL] [--check] [--version] [--help]
 
 A local MCP server (stdio) for a4sx: search, summarise, acquire, load and save coding-agent sessions.
@@ -3299,7 +3522,7 @@ It speaks MCP on stdin/stdout until stdin closes; start it from an MCP client.
   --base URL   the a4sx server (default: $A4SX_BASE, else the server you signed in to with
                `a4sx login`, else https://session-exchange.com)
   --check      print a diagnosis (server, sign-in, SDK, limits) and exit: 0 if all is well
-  --version    print the version and exit
+  --version    print the version and the SHA-256 of this file, and exit
   --help       show this help and exit
 """
 
@@ -3335,7 +3558,7 @@ def main(argv=None):
         sys.stdout.write(USAGE)
         return 0
     if options["version"]:
-        sys.stdout.write("a4sx-mcp %s\n" % __version__)
+        sys.stdout.write("a4sx-mcp %s\n%s\n" % (__version__, file_digest_line()))
         return 0
     try:
         settings = Settings(options["base"])
