@@ -1930,6 +1930,10 @@ def network_error(settings, err, hint=""):
     return ToolError("network_error", "Could not reach the a4sx server at %s: %s.%s" % (settings.base, err, hint))
 
 
+def config_untrusted(err):
+    return ToolError("config_untrusted", "The a4sx sign-in was not used: %s. Nothing was sent." % err)
+
+
 def not_signed_in(settings):
     return ToolError("not_signed_in", "Not signed in to %s: run `%s` in a terminal, then try again."
                      % (settings.base, settings.login_hint()))
@@ -2055,7 +2059,7 @@ class Call:
         try:
             token = self.settings.token()
         except ConfigUntrusted as err:
-            raise ToolError("config_untrusted", "The a4sx sign-in was not used: %s. Nothing was sent." % err) from None
+            raise config_untrusted(err) from None
         if not token:
             raise not_signed_in(self.settings)
         return token
@@ -2067,6 +2071,8 @@ class Call:
             status, body = self.api.call(route, params, cancel=self.cancel, **kw)
         except SignedOut:
             raise not_signed_in(self.settings) from None
+        except ConfigUntrusted as err:
+            raise config_untrusted(err) from None
         except NetworkError as err:
             raise network_error(self.settings, err)
         if ok is not None and status not in ok:
@@ -2129,7 +2135,7 @@ def ranked(rows, query, sort):
     phrase = " ".join(words)
     scored = []
     for index, row in enumerate(rows):
-        tags = " ".join(t for t in row.get("tags") or [] if isinstance(t, str))
+        tags = " ".join(t for t in _list(row.get("tags")) if isinstance(t, str))
         fields = [(fold(tags if name == "tags" else _str(row.get(name))), weight) for name, weight in RANK_FIELDS]
         score = 0.0
         for word, (start, whole) in zip(words, bounds):
@@ -2427,6 +2433,8 @@ def tool_publish_session(call, args):
             failure = None
         except SignedOut:
             raise not_signed_in(call.settings) from None
+        except ConfigUntrusted as err:
+            raise config_untrusted(err) from None
         except NetworkError as err:
             status, body, failure = 0, {}, err
         if status == 404 and not ensured_again:  # the library this process provisioned is gone

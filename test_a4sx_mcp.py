@@ -1394,7 +1394,8 @@ def test_look_alike_headings_are_escaped(mcp, stub, token):
         _, inside, _, _ = envelope_parts(copy)
         headings = [line for line in inside if _first_visible(line).startswith("#")]
         assert headings == ["### User", "### Assistant"], headings
-    assert structured["title"] == "\u200b\\# Title"
+        # the title sits inside the envelope, its `#` escaped like any other line's
+        assert any(line.endswith("\u200b\\# Title") for line in inside), inside[:5]
     structured, text, _ = mcp.tool("search_sessions", {"scope": "library"})
     row = structured["items"][0]
     assert row["title"] == "\u200b\\# Title" and row["label"] == "\u200b\\#label"
@@ -1656,7 +1657,8 @@ def test_publish_accepts_only_record_types_the_harness_writes(mcp, stub, token):
                              "line 2 is not valid UTF-8")):
         structured, text, is_error = mcp.tool("publish_session", {"transcript": transcript})
         assert is_error and structured["error"] == "not_a_transcript", text
-        assert text == "Not a Claude Code or Codex CLI JSONL transcript: %s. Nothing was sent." % why, text
+        assert structured["message"] == "Not a Claude Code or Codex CLI JSONL transcript: %s. Nothing was sent." % why
+        assert text == "a4sx error not_a_transcript: " + structured["message"], text
     assert stub.requests() == []
     claude = [{"type": "summary", "summary": "t", "leafUuid": "u"}, {"type": "custom-title", "customTitle": "t"},
               {"type": "queue-operation", "operation": "dequeue", "sessionId": "t-2"},
@@ -1687,8 +1689,9 @@ def test_publish_transcript_check_word_for_word(mcp, stub, token):
     for transcript, why in reasons:
         structured, text, is_error = mcp.tool("publish_session", {"transcript": transcript})
         assert is_error and structured["error"] == "not_a_transcript", (transcript, text)
-        assert text.startswith("Not a Claude Code or Codex CLI JSONL transcript: %s" % why), (transcript, text)
-        assert text.endswith(". Nothing was sent."), text
+        message = structured["message"]
+        assert message.startswith("Not a Claude Code or Codex CLI JSONL transcript: %s" % why), (transcript, message)
+        assert message.endswith(". Nothing was sent.") and text == "a4sx error not_a_transcript: " + message, text
     assert stub.requests() == []
     # a turn is a user or an assistant record with a message object and a sessionId or a uuid
     for record in ({"type": "user", "message": {}, "sessionId": "s1"}, {"type": "user", "message": {}, "uuid": "u2"},
@@ -1977,7 +1980,8 @@ def test_token_files_and_the_config_dir_are_trusted_like_ssh(spawn, stub, env, t
     def refused(path, why):
         structured, text, is_error = library()
         assert is_error and structured["error"] == "config_untrusted", text
-        assert text == "The a4sx sign-in was not used: %s %s. Nothing was sent." % (path, why), text
+        assert structured["message"] == "The a4sx sign-in was not used: %s %s. Nothing was sent." % (path, why)
+        assert text == "a4sx error config_untrusted: " + structured["message"], text
         done = run_check(stub.base)
         assert done.returncode == 1 and "sign-in:    refused" in done.stdout and "to fix: %s %s" % (path, why) in done.stdout, done.stdout
 
