@@ -8,57 +8,116 @@ token the ``a4sx`` CLI stored (``a4sx login``) and sends it only to the server t
 
 One stdlib-only file, meant to be read top to bottom in the order data flows:
 
-1. settings and the token            (what is configured, which token belongs to which server)
-2. the HTTP client                   (EVERYTHING sent to the network: the ``ROUTES`` table)
-3. framing                           (author text reaches the model only inside a nonce envelope)
-4. transcripts                       (JSONL checks for publish, the context renderer for fetch)
+0. imports                           (all at the top; later ones only through ``lazy``: ``LAZY_IMPORTS``)
+1. settings                          (``ENVIRONMENT``, ``FILES``: all that is read; ``Settings``; the token)
+2. the HTTP client                   (EVERYTHING sent to the network: the ``ROUTES`` table, ``Api.send``)
+3. framing and tool results          (author text reaches the model only inside a nonce envelope)
+4. transcripts                       (JSONL checks for publish, the taint rule, the context renderer)
 5. the a4sx SDK bridge               (lazy: scrubbing in a worker process, lineage records)
 6. tools                             (schemas, validation, handlers)
 7. the JSON-RPC / MCP dispatcher     (both eras: the handshake revisions and stateless 2026-07-28)
 8. the stdio loop and ``main``
+9. performance only                  (shortcuts that change no result: skip when auditing)
+
+What it claims, and the one place that shows it (SECURITY.md lists the test that proves each):
+
+- Everything sent to the network is a route of ``ROUTES``, sent by ``Api.send``; the token goes only
+  to the server that issued it (``Settings.find_token``), only on token routes, never on a redirect.
+- Everything read from the environment and from files: ``ENVIRONMENT`` and ``FILES`` (``--check``
+  prints both); ``environment`` is the only reader of ``os.environ`` (``worker_environment`` passes
+  the ``WORKER_ENV`` names to the scrub worker unread).
+- Everything an author or the API wrote reaches the model through section 3 only: ``envelope`` and
+  ``structured_frame`` (via ``framed_json``, ``render_context``, ``framed_error``); every other
+  text is this file's own (``error_result``, ``error_text``). Names are the exception, never prose:
+  identifier-shaped ids and labels (resource lists, completions) and the API's error codes of the
+  documented shape (``api_error_fields``).
+- Nothing is published unchecked: ``check_transcript`` (record types), the SDK's scrub
+  (``scrub_transcript``), and the taint rule (``carries_other_authors_framing``, ``rows_untrusted``).
+- The only other process is the scrub worker (this file with ``--scrub-worker``, pipes only, the
+  ``WORKER_ENV`` variables only); the only files written are the SDK's untrusted-session records
+  (``mark_untrusted``) and a token file's mode (``read_private``: 0600, never through a symlink).
+- stdout carries only protocol messages (``Writer``); logs go to stderr: a tool's name, outcome (a
+  status or error code) and duration, never arguments or results.
 
 Run it as ``a4sx-mcp``, ``python -m a4sx_mcp`` or ``python3 a4sx_mcp.py`` (a copied file works as is).
-
-For a reviewer: every network request is a route of ``ROUTES``, made in ``Api.call``; the only other process is the scrub
-worker (this same file with ``--scrub-worker``, spoken to over pipes, never the network); the only
-files written are the SDK's untrusted-session records, in its format with its private-file writer
-(``mark_untrusted``).
 """
 
-from __future__ import annotations
-
-import os
-import sys
+import os  # os and sys first (built in, already loaded): the working directory leaves sys.path
+import sys  # before any other import; no ``from __future__`` either, which would import a module
 
 
-def _drop_working_dir(path):
+def _drop_working_dir(path, how):
     """``sys.path`` without the working directory (``''``, a relative entry, or its full path, as
-    ``python -m`` puts it first): MCP clients start servers in the user's project folder, and no
-    import may run code from there. The folder this file itself was loaded from stays."""
+    ``python -m`` puts it first) and, for ``python3 a4sx_mcp.py`` (``how`` "script"), without the
+    folder Python put first for the script (a copy in a project folder is run from there): MCP
+    clients start servers in the user's project folder, and no import may run code from it. Imported
+    by a program (the console script, tests: ``how`` "module"), the folder it was imported from stays."""
     try:
         cwd = os.path.realpath(os.getcwd())
     except OSError:
         cwd = None
     own = os.path.realpath(os.path.dirname(os.path.abspath(__file__)))
 
-    def kept(entry):
+    def kept(index, entry):
         if not isinstance(entry, str):
             return True
         if not entry or not os.path.isabs(entry):
             return False
         real = os.path.realpath(entry)
-        return real != cwd or real == own
+        if how == "module" and real == own:
+            return True
+        if how == "script" and index == 0 and real == own:
+            return False
+        return real != cwd
 
-    return [entry for entry in path if kept(entry)]
+    return [entry for index, entry in enumerate(path) if kept(index, entry)]
 
 
-sys.path[:] = _drop_working_dir(sys.path)  # first, before any other import
+sys.path[:] = _drop_working_dir(sys.path, "module" if __name__ != "__main__" else "script" if __spec__ is None else "-m")
 
-import json  # noqa: E402 - after the sys.path clean-up on purpose
+# --- imports: everything this file imports at start-up; everything later goes through ``lazy`` ---
+# (after the sys.path clean-up on purpose; each of these costs under 2 ms)
+import binascii  # noqa: E402
+import importlib  # noqa: E402
+import json  # noqa: E402
+import queue  # noqa: E402
 import re  # noqa: E402
+import select  # noqa: E402
+import signal  # noqa: E402
 import stat  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
+import unicodedata  # noqa: E402
+from shlex import quote as shell_quote  # noqa: E402
+from urllib.parse import quote, unquote, urlencode, urljoin, urlsplit  # noqa: E402
+
+# The only modules imported after start-up, each at its first use, and why each waits (import cost
+# measured on CPython 3.11): the first response must not pay for what most sessions never use.
+LAZY_IMPORTS = {
+    "ssl": "TLS, at the first https request or the warm-up after the handshake (~15 ms)",
+    "http.client": "HTTP/1.1 connections, same (~40 ms with its email parser)",
+    "socket": "shutting a socket down on a deadline or a cancel, and network error names",
+    "hashlib": "a salted account digest, a publish's idempotency key, --version's SHA-256 (~5 ms)",
+    "random": "a publish retry's jitter",
+    "uuid": "a publish's idempotency key",
+    "ipaddress": "telling whether a plain-http base is a loopback address",
+    "subprocess": "starting the scrub worker (~9 ms)",
+    "ctypes": "glibc's malloc_trim after a multi-megabyte call (performance section)",
+    "importlib.util": "whether the a4sx SDK is installed (without importing it)",
+    "importlib.metadata": "the a4sx SDK's version, for --check (~40 ms)",
+    "a4sx.config": "the SDK's paths, origin rule and private-file writer for its taint records",
+    "a4sx.transcript": "the SDK's session id rule for a transcript",
+    "a4sx.scrub": "the SDK's scrub rules (~230 ms of regex compiling): publish only",
+}
+
+
+def lazy(name):
+    """A module of ``LAZY_IMPORTS``, imported on first use; no other late import is made by this
+    file. ``sys.path`` holds no working-directory entry by then (``_drop_working_dir``)."""
+    if name not in LAZY_IMPORTS:
+        raise ImportError("%s is not in LAZY_IMPORTS" % name)
+    return importlib.import_module(name)
+
 
 __version__ = "0.1.0"
 
@@ -70,8 +129,69 @@ SDK_RANGE = ">=0.11,<0.12"
 
 
 # =============================================================================================
-# 1. Settings and the token
+# 1. Settings: every environment variable and file this process reads
 # =============================================================================================
+
+# --- logging: stderr only; tool name, outcome and duration, never content -------------------------
+
+LOG_LEVELS = {"debug": 10, "info": 20, "warning": 30}
+_log_threshold = 30
+_stderr_lock = threading.Lock()
+
+
+def log(level, message):
+    if LOG_LEVELS[level] >= _log_threshold:
+        with _stderr_lock:
+            try:
+                sys.stderr.write("a4sx-mcp %s: %s\n" % (level, message))
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                pass
+
+
+# --- what is read: the environment once (``environment``), the config directory's files ---------
+
+# EVERY environment variable this process reads, and what it sets (``--check`` prints this list).
+# ``environment`` is the only reader of ``os.environ``, besides ``worker_environment``, which passes
+# the WORKER_ENV names (section 5) to the scrub worker unread.
+ENVIRONMENT = (
+    ("A4SX_BASE", "the a4sx server, after --base (default: config.json's, else %s)" % PUBLIC_BASE),
+    ("A4SX_SESSION", "a token (for CI), sent only to A4SX_SESSION_BASE's server; never printed or kept"),
+    ("A4SX_SESSION_BASE", "the server A4SX_SESSION was issued by (default %s; never A4SX_BASE)" % PUBLIC_BASE),
+    ("A4SX_CONFIG_DIR", "the a4sx CLI's config directory (default as the CLI's: below)"),
+    ("XDG_CONFIG_HOME", "the config directory is $XDG_CONFIG_HOME/a4sx when it is an absolute path"),
+    ("LOCALAPPDATA", "Windows: the config directory is %LOCALAPPDATA%\\a4sx (else %APPDATA%\\a4sx)"),
+    ("APPDATA", "Windows: see LOCALAPPDATA"),
+    ("HOME", "~ (else ~/.config/a4sx; Python's expanduser also reads USERPROFILE on Windows)"),
+    ("A4SX_MCP_PER_MIN", "tool calls per minute (default 240; 0: no local limit)"),
+    ("A4SX_MCP_ACQUIRE_PER_MIN", "acquire_session calls per minute (default 20)"),
+    ("A4SX_MCP_PUBLISH_PER_MIN", "publish_session calls per minute (default 10)"),
+    ("A4SX_MCP_MAX_PUBLISH_BYTES", "the largest transcript publish_session takes (default 2 MiB)"),
+    ("A4SX_UPLOAD_TIMEOUT_S", "a publish upload's deadline (default 120 s + 2 s per MiB, at most 30 min)"),
+    ("A4SX_MCP_LOG", "stderr log level: warning (default), info or debug"),
+    ("SSL_CERT_FILE", "read by OpenSSL too: a CA bundle trusted instead of the system store"),
+    ("SSL_CERT_DIR", "read by OpenSSL too: a CA directory trusted instead of the system store"),
+)
+SECRET_ENVIRONMENT = ("A4SX_SESSION",)  # read when a token is needed, never kept in Settings
+
+# EVERY file this process reads (besides its own source, for --version), in the config directory.
+FILES = (
+    ("config.json", "the server of the last `a4sx login` (then amdx.json, the older script's)", "start-up"),
+    ("credentials.json", "the tokens, {server: token}; refused unless yours and not group/other-writable",
+     "each call that needs a token"),
+    ("session", "the older script's token, for amdx.json's server only; same checks", "each call that needs a token"),
+    ("untrusted.json, lineage/<id>.json", "the a4sx SDK's taint records, read and written through a4sx.config "
+     "(section 5)", "library reads and publish"),
+)
+
+
+def environment():
+    """The ``ENVIRONMENT`` variables' values (stripped; "" when unset): the one place this file
+    reads ``os.environ`` (``worker_environment`` only copies the ``WORKER_ENV`` names for the worker).
+    ``Settings`` calls it at start-up; the token lookup, ``--check`` and ``trust_store`` call it again
+    to read ``A4SX_SESSION`` (never kept) and the TLS variables."""
+    names = [name for name, _ in ENVIRONMENT]
+    return {name: (os.environ.get(name) or "").strip() for name in names}
 
 
 class UsageError(Exception):
@@ -83,9 +203,7 @@ def _is_loopback(host):
     if host == "localhost":
         return True
     try:
-        import ipaddress
-
-        return ipaddress.ip_address(host).is_loopback
+        return lazy("ipaddress").ip_address(host).is_loopback
     except ValueError:
         return False
 
@@ -96,8 +214,6 @@ def normalize_base(value):
     No scheme means https (http for a loopback host); plain http to any other host is refused, so a
     token never travels in clear text; path, query, trailing slash and default ports are dropped.
     """
-    from urllib.parse import urlsplit
-
     raw = (value or "").strip() or PUBLIC_BASE
     if "://" not in raw:
         host_part = raw.split("/", 1)[0]
@@ -121,22 +237,16 @@ def normalize_base(value):
     return "%s://%s" % (scheme, netloc)
 
 
-def _env(name):
-    return (os.environ.get(name) or "").strip()
-
-
-def config_dir():
+def config_dir(env):
     """The a4sx CLI's config directory (same rules as ``a4sx.config.config_dir``)."""
-    override = _env("A4SX_CONFIG_DIR")
-    if override:
-        return os.path.abspath(os.path.expanduser(override))
+    if env["A4SX_CONFIG_DIR"]:
+        return os.path.abspath(os.path.expanduser(env["A4SX_CONFIG_DIR"]))
     if sys.platform.startswith("win"):
-        appdata = os.environ.get("LOCALAPPDATA") or os.environ.get("APPDATA")
+        appdata = env["LOCALAPPDATA"] or env["APPDATA"]
         if appdata:
             return os.path.join(appdata, "a4sx")
-    xdg = os.environ.get("XDG_CONFIG_HOME")
-    if xdg and os.path.isabs(xdg):
-        return os.path.join(xdg, "a4sx")
+    if env["XDG_CONFIG_HOME"] and os.path.isabs(env["XDG_CONFIG_HOME"]):
+        return os.path.join(env["XDG_CONFIG_HOME"], "a4sx")
     return os.path.join(os.path.expanduser("~"), ".config", "a4sx")
 
 
@@ -148,24 +258,36 @@ def _read_json(path):
         return None
 
 
-def _stored_settings():
-    """``config.json`` (the CLI), else ``amdx.json`` (the older standalone script)."""
+def _stored_base(folder):
+    """The stored server: ``config.json`` (the CLI), else ``amdx.json`` (the older standalone script)."""
     for name in ("config.json", "amdx.json"):
-        data = _read_json(os.path.join(config_dir(), name))
+        data = _read_json(os.path.join(folder, name))
         if isinstance(data, dict):
-            return data
-    return {}
+            return data.get("base")
+    return None
 
 
-def resolve_base(flag=None):
+def resolve_base(flag=None, env=None):
     """``(origin, source)``: ``--base``, else ``$A4SX_BASE``, else the stored sign-in's server, else
     the public server. Raises ``ValueError`` for a base that must not be used."""
-    for value, source in ((flag, "--base"), (_env("A4SX_BASE"), "A4SX_BASE"),
-                          (_stored_settings().get("base"), "config.json")):
+    env = environment() if env is None else env
+    for value, source in ((flag, "--base"), (env["A4SX_BASE"], "A4SX_BASE"),
+                          (_stored_base(config_dir(env)), "config.json")):
         if isinstance(value, str) and value.strip():
             return normalize_base(value), source
     return PUBLIC_BASE, "default"
 
+
+def _int_setting(env, name, default, minimum=0):
+    """A numeric override; a non-numeric or out-of-range value falls back to the default."""
+    try:
+        value = int(env[name])
+    except ValueError:
+        return default
+    return value if value >= minimum else default
+
+
+# --- the token: ssh's rules for the files that hold it ------------------------------------------
 
 class ConfigUntrusted(Exception):
     """A token file or the config directory that another user could have written: refused, with
@@ -174,39 +296,36 @@ class ConfigUntrusted(Exception):
 
 def _trust_problem(path, status, mode):
     """Why ``path`` must not be trusted (ssh's rule: owned by this user, writable by it alone), or None."""
-    from shlex import quote
-
     if status.st_uid != os.getuid():
-        return "%s is owned by another user: if it is yours, run `sudo chown %d %s`" % (path, os.getuid(), quote(path))
+        return "%s is owned by another user: if it is yours, run `sudo chown %d %s`" % (path, os.getuid(),
+                                                                                        shell_quote(path))
     if status.st_mode & 0o022:
-        return "%s is writable by group or others: run `chmod %s %s`" % (path, mode, quote(path))
+        return "%s is writable by group or others: run `chmod %s %s`" % (path, mode, shell_quote(path))
     return None
 
 
-def config_dir_problem():
+def config_dir_problem(folder):
     """Why the config directory must not be trusted, or None (also None when it does not exist)."""
     if os.name != "posix":
         return None
     try:
-        return _trust_problem(config_dir(), os.stat(config_dir()), "700")
+        return _trust_problem(folder, os.stat(folder), "700")
     except OSError:
         return None
 
 
 def read_private(path):
     """A token file's text, or None when there is none. Like ssh, refuses (``ConfigUntrusted``) a
-    file or config directory owned by another user or writable by group or others. A file readable
-    by others goes back to 0600 (as the SDK does) through its own descriptor, opened without
-    following a symlink; a symlinked one is never changed, so it is refused until fixed by hand."""
+    file owned by another user or writable by group or others (its directory is checked first, by
+    ``config_dir_problem``). A file readable by others goes back to 0600 (as the SDK does) through its
+    own descriptor, opened without following a symlink; a symlinked one is never changed, so it is
+    refused until fixed by hand."""
     if os.name != "posix":
         try:
             with open(path, encoding="utf-8") as f:
                 return f.read()
         except OSError:
             return None
-    problem = config_dir_problem()
-    if problem:
-        raise ConfigUntrusted(problem)
     linked = os.path.islink(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | (0 if linked else os.O_NOFOLLOW))
@@ -231,8 +350,8 @@ def read_private(path):
             return None
 
 
-def _legacy_origin():
-    data = _read_json(os.path.join(config_dir(), "amdx.json"))
+def _legacy_origin(folder):
+    data = _read_json(os.path.join(folder, "amdx.json"))
     base = data.get("base") if isinstance(data, dict) else None
     try:
         return normalize_base(base) if isinstance(base, str) and base.strip() else PUBLIC_BASE
@@ -240,81 +359,63 @@ def _legacy_origin():
         return PUBLIC_BASE
 
 
-def find_token(origin):
-    """``(token, where)`` for the token issued by ``origin``, or ``(None, None)``: never a token
-    stored for another server. Raises ``ConfigUntrusted`` for a token file another user could write.
-
-    ``$A4SX_SESSION`` only for ``$A4SX_SESSION_BASE`` (default: the public server; deliberately not
-    ``$A4SX_BASE``), then ``credentials.json``, then the standalone script's ``session`` file for
-    the server it was issued by.
-    """
-    env_token = _env("A4SX_SESSION")
-    if env_token:
-        try:
-            env_origin = normalize_base(_env("A4SX_SESSION_BASE") or PUBLIC_BASE)
-        except ValueError:
-            env_origin = None
-        if origin == env_origin:
-            return env_token, "A4SX_SESSION"
-    try:
-        creds = json.loads(read_private(os.path.join(config_dir(), "credentials.json")) or "null")
-    except ValueError:
-        creds = None
-    if isinstance(creds, dict):
-        token = creds.get(origin)
-        if isinstance(token, str) and token.strip():
-            return token.strip(), "credentials.json"
-    if origin == _legacy_origin():
-        token = (read_private(os.path.join(config_dir(), "session")) or "").strip()
-        if token:
-            return token, "session file"
-    return None, None
-
-
-def _int_env(name, default, minimum=0):
-    """A numeric override; a non-numeric or out-of-range value falls back to the default."""
-    try:
-        value = int(_env(name))
-    except ValueError:
-        return default
-    return value if value >= minimum else default
-
-
 class Settings:
-    """Everything configurable, read once at start-up (the token is read per call, so a fresh
-    ``a4sx login`` works without a restart)."""
+    """Everything this process reads (``ENVIRONMENT``, ``FILES``), read here and nowhere else: the
+    settings once at start-up; the token (``A4SX_SESSION`` or the token files) on each call that
+    needs one, so a fresh ``a4sx login`` works without a restart. Holds no token."""
 
     def __init__(self, base_flag=None):
-        self.base, self.base_source = resolve_base(base_flag)
-        self.per_min = _int_env("A4SX_MCP_PER_MIN", 240)
-        self.acquire_per_min = _int_env("A4SX_MCP_ACQUIRE_PER_MIN", 20)
-        self.publish_per_min = _int_env("A4SX_MCP_PUBLISH_PER_MIN", 10)
-        self.max_publish_bytes = _int_env("A4SX_MCP_MAX_PUBLISH_BYTES", 2 * 1024 * 1024, minimum=1)
-        level = _env("A4SX_MCP_LOG").lower()
+        env = environment()
+        self.env = {name: value for name, value in env.items() if name not in SECRET_ENVIRONMENT}
+        self.config_dir = config_dir(env)
+        self.base, self.base_source = resolve_base(base_flag, env)
+        self.per_min = _int_setting(env, "A4SX_MCP_PER_MIN", 240)
+        self.acquire_per_min = _int_setting(env, "A4SX_MCP_ACQUIRE_PER_MIN", 20)
+        self.publish_per_min = _int_setting(env, "A4SX_MCP_PUBLISH_PER_MIN", 10)
+        self.max_publish_bytes = _int_setting(env, "A4SX_MCP_MAX_PUBLISH_BYTES", 2 * 1024 * 1024, minimum=1)
+        self.upload_timeout_s = _int_setting(env, "A4SX_UPLOAD_TIMEOUT_S", 0)
+        level = env["A4SX_MCP_LOG"].lower()
         self.log_level = level if level in LOG_LEVELS else "warning"
 
+    def find_token(self):
+        """``(token, where)`` for the token issued by this server, or ``(None, None)``: never a
+        token stored for another server. Raises ``ConfigUntrusted`` for a token file another user
+        could write.
+
+        ``$A4SX_SESSION`` only for ``$A4SX_SESSION_BASE`` (default: the public server; deliberately
+        not ``$A4SX_BASE``), then ``credentials.json``, then the standalone script's ``session``
+        file for the server it was issued by.
+        """
+        origin, env = self.base, environment()
+        if env["A4SX_SESSION"]:
+            try:
+                env_origin = normalize_base(env["A4SX_SESSION_BASE"] or PUBLIC_BASE)
+            except ValueError:
+                env_origin = None
+            if origin == env_origin:
+                return env["A4SX_SESSION"], "A4SX_SESSION"
+        problem = config_dir_problem(self.config_dir)
+        if problem:
+            raise ConfigUntrusted(problem)
+        try:
+            creds = json.loads(read_private(os.path.join(self.config_dir, "credentials.json")) or "null")
+        except ValueError:
+            creds = None
+        if isinstance(creds, dict):
+            token = creds.get(origin)
+            if isinstance(token, str) and token.strip():
+                return token.strip(), "credentials.json"
+        if origin == _legacy_origin(self.config_dir):
+            token = (read_private(os.path.join(self.config_dir, "session")) or "").strip()
+            if token:
+                return token, "session file"
+        return None, None
+
     def token(self):
-        return find_token(self.base)[0]
+        return self.find_token()[0]
 
     def login_hint(self):
         return "a4sx login" if self.base == PUBLIC_BASE else "a4sx login --base %s" % self.base
-
-
-# --- logging: stderr only; tool name, outcome and duration, never content -------------------------
-
-LOG_LEVELS = {"debug": 10, "info": 20, "warning": 30}
-_log_threshold = 30
-_stderr_lock = threading.Lock()
-
-
-def log(level, message):
-    if LOG_LEVELS[level] >= _log_threshold:
-        with _stderr_lock:
-            try:
-                sys.stderr.write("a4sx-mcp %s: %s\n" % (level, message))
-                sys.stderr.flush()
-            except (OSError, ValueError):
-                pass
 
 
 # =============================================================================================
@@ -335,9 +436,9 @@ class Route:
         self.max_bytes, self.deadline_s, self.retry = max_bytes, deadline_s, retry
 
 
-# EVERYTHING this process may send to the network. ``Api.call`` takes a name from this table and
+# EVERYTHING this process may send to the network. ``Api.send`` takes a name from this table and
 # nothing else: no other path, and no billing or purchase route (acquire never buys). token: the
-# bearer is read and sent by ``Api.call`` itself. max answer: larger answers are refused unread.
+# bearer is read and sent by ``Api.send`` itself. max answer: larger answers are refused unread.
 # deadline: connect + TLS + send + read, all of it (a publish passes its upload's, by size). retry: a
 # kept-alive connection the server closed while idle is retried once on a fresh one only for
 # requests safe to repeat ("keyed": only with an Idempotency-Key header).
@@ -361,11 +462,13 @@ REDIRECT_STATUSES = (301, 302, 303, 307, 308)
 # The shape check: the most json.loads allocates per structural byte on 64-bit CPython (an empty
 # dict 80, a list 72, a string's header and pointer 2 x 30, a number and its pointer 40, a dict
 # slot 56), measured with tracemalloc on the worst shapes ([{},{},...], [1000,...], {"k1":1,...}).
-# An answer whose decoded text plus this estimate exceeds PARSE_BUDGET x its bytes is refused, so
-# no answer makes memory grow more than PARSE_BUDGET x its own size. Real listings estimate ~10x
-# (they parse to ~4.7x: short strings are costly objects); [{},{},...] estimates 40x.
+# Beside that structure, the decoded text and the strings' contents are counted at the text's
+# width each (no parsed string is wider than the text: 1, 2 or 4 bytes a character). An answer
+# whose estimate exceeds PARSE_BUDGET x its bytes is refused, so no answer makes memory grow more
+# than PARSE_BUDGET x its own size. Real listings estimate ~8x (ASCII) to ~14x (one emoji makes the
+# whole text 4 bytes a character); [{},{},...] estimates 40x.
 PARSE_COST = ((b"{", 80), (b"[", 72), (b'"', 30), (b",", 40), (b":", 56))
-PARSE_BUDGET = 12
+PARSE_BUDGET = 16
 
 
 class NetworkError(Exception):
@@ -409,34 +512,21 @@ def ssl_context():
     global _ssl_context
     with _ssl_lock:
         if _ssl_context is None:
-            import ssl
-
-            _ssl_context = ssl.create_default_context()
+            _ssl_context = lazy("ssl").create_default_context()
         return _ssl_context
 
 
 def trust_store():
     """Which certificates are trusted, in words, for ``--check`` and certificate errors."""
-    import ssl
-
+    ssl = lazy("ssl")
     paths = ssl.get_default_verify_paths()
-    for env, value in ((paths.openssl_cafile_env, paths.cafile), (paths.openssl_capath_env, paths.capath)):
-        if _env(env):
-            return "$%s (%s)" % (env, value or _env(env))
+    env = environment()
+    for name, value in ((paths.openssl_cafile_env, paths.cafile), (paths.openssl_capath_env, paths.capath)):
+        if env.get(name):
+            return "$%s (%s)" % (name, value or env[name])
     where = " or ".join(p for p in (paths.cafile, paths.capath) if p) or "the operating system's store"
     return "the system trust store (%s; $%s or $%s replace it)" % (where, paths.openssl_cafile_env,
                                                                    paths.openssl_capath_env)
-
-
-def warm_network(api):
-    """Run while the client is idle after the handshake: what the first call to an https server
-    would otherwise pay for (network modules, the TLS context: ~8 MiB, ~50 ms of CPU with a system
-    bundle). Plain http (loopback only: tests, demos) loads them at its first call. Sends nothing."""
-    if api.tls:
-        import http.client  # noqa: F401
-        import select  # noqa: F401
-
-        ssl_context()
 
 
 class Api:
@@ -445,8 +535,6 @@ class Api:
     redirect; follows redirects only for GETs, within that origin, to a path of ``ROUTES``."""
 
     def __init__(self, settings, max_idle=8):
-        from urllib.parse import urlsplit
-
         self.settings, self.base = settings, settings.base
         parts = urlsplit(self.base)
         self.tls = parts.scheme == "https"
@@ -462,7 +550,7 @@ class Api:
         self.ensured = set()        # accounts whose library this process provisioned: see account()
         self.salt = os.urandom(16)
 
-    def call(self, name, params=None, *, data=None, headers=None, deadline_s=None, cancel=None):
+    def send(self, name, params=None, *, data=None, headers=None, deadline_s=None, cancel=None):
         """One request of route ``name``: ``params`` fill the path template, the rest is the query.
         Returns ``(status, parsed JSON body or {})``; an unfollowed redirect comes back as its 3xx.
         Raises ``SignedOut`` (token route, no token) or ``NetworkError`` (no usable answer)."""
@@ -511,15 +599,11 @@ class Api:
 
     def account(self):
         """Which account the stored token is for, as a salted digest (the token is not kept)."""
-        import hashlib
-
-        return hashlib.sha256(self.salt + (self.settings.token() or "").encode("utf-8", "replace")).hexdigest()[:16]
+        return lazy("hashlib").sha256(self.salt + (self.settings.token() or "").encode("utf-8", "replace")).hexdigest()[:16]
 
     def _redirect_target(self, current, location):
         """The path and query to request next, or None: another origin, credentials in the URL, or a
         path that is not a GET route of the table."""
-        from urllib.parse import urljoin, urlsplit
-
         parts = urlsplit(urljoin(self.base + current, location.strip()))
         try:
             same = parts.username is None and normalize_base("%s://%s" % (parts.scheme, parts.netloc)) == self.base
@@ -534,8 +618,7 @@ class Api:
     def _exchange(self, method, target, data, headers, cap, deadline, cancel, safe):
         """One request and its whole answer on a pooled connection: ``(status, Location, bytes)``.
         ``deadline``: (monotonic time, its seconds for the message)."""
-        import http.client
-
+        http = lazy("http.client")
         deadline, limit_s = deadline
 
         for attempt in (0, 1):
@@ -548,7 +631,7 @@ class Api:
                         raise NetworkError(watch[2])
                     _read_timeout(conn, deadline)
                     resp = conn.getresponse()
-                except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as err:
+                except (http.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as err:
                     stale = reused and safe and not attempt and not watch[2]
                     if stale:  # the server closed it while it was idle: once more, on a new one
                         conn.close()
@@ -559,7 +642,7 @@ class Api:
             except NetworkError:
                 conn.close()
                 raise
-            except (OSError, ValueError, http.client.HTTPException) as err:
+            except (OSError, ValueError, http.HTTPException) as err:
                 conn.close()
                 raise NetworkError(watch[2] or _network_reason(err)) from None
             finally:
@@ -572,9 +655,7 @@ class Api:
 
     def _checkout(self, deadline):
         """``(connection, reused)``: the most recently used live idle one, else a new one."""
-        import http.client
-        import select
-
+        http = lazy("http.client")
         now = time.monotonic()
         with self.cond:
             while self.idle:
@@ -588,8 +669,8 @@ class Api:
             self.opened += 1
         timeout = max(0.001, min(CONNECT_TIMEOUT_S, deadline - now))
         if self.tls:
-            return http.client.HTTPSConnection(self.host, self.port, timeout=timeout, context=ssl_context()), False
-        return http.client.HTTPConnection(self.host, self.port, timeout=timeout), False
+            return http.HTTPSConnection(self.host, self.port, timeout=timeout, context=ssl_context()), False
+        return http.HTTPConnection(self.host, self.port, timeout=timeout), False
 
     def _checkin(self, conn):
         with self.cond:
@@ -655,20 +736,16 @@ class Api:
 
 def _shut(conn):
     """Wakes a thread blocked reading ``conn`` (close alone does not, on Linux)."""
-    import socket
-
     sock = conn.sock
     if sock is not None:
         try:
-            sock.shutdown(socket.SHUT_RDWR)
+            sock.shutdown(lazy("socket").SHUT_RDWR)
         except OSError:
             pass
 
 
 def _target(route, params):
     """The route's path with its ``{fields}`` filled (quoted) and the other params as the query."""
-    from urllib.parse import quote, urlencode
-
     path, query = route.path, {}
     for key, value in params.items():
         if "{%s}" % key in path:
@@ -719,7 +796,7 @@ def _parse(held):
     except ValueError:
         return {}
     del payload  # a large bundle is held once, not twice, while it is parsed
-    if sys.getsizeof(text) + cost > PARSE_BUDGET * size + 64 * KiB:
+    if 2 * sys.getsizeof(text) + cost > PARSE_BUDGET * size + 64 * KiB:  # the text, and strings as wide
         raise NetworkError("the answer's shape was refused: %d bytes that would parse into more than %d times "
                            "that" % (size, PARSE_BUDGET))
     try:
@@ -756,15 +833,12 @@ def _parse_cost(payload):
 
 
 def _network_reason(err):
-    import http.client
-    import socket
-    import ssl
-
+    http, socket, ssl = lazy("http.client"), lazy("socket"), lazy("ssl")
     reason = err if isinstance(err, ssl.SSLError) else getattr(err, "reason", err)
     if isinstance(reason, ssl.SSLCertVerificationError):
         return "the a4sx server's TLS certificate was not accepted (a certificate problem: %s); trusted: %s" % (
             _str_param(getattr(reason, "verify_message", "") or "verification failed")[:200], trust_store())
-    if isinstance(reason, http.client.IncompleteRead):
+    if isinstance(reason, http.IncompleteRead):
         return "the a4sx server's answer was cut short"
     if isinstance(reason, socket.timeout) or "timed out" in str(reason):
         return "the a4sx server did not answer in time"
@@ -852,36 +926,18 @@ def clip(text, cap):
 
 
 def one_line(text, cap):
-    """Whitespace runs (every line break included) collapsed to one space, neutralised, capped
-    AFTER escaping, so the final string is within ``cap``."""
+    """``clip(_one_line_whole(text), cap)``: whitespace runs (every line break included) collapsed to
+    one space, neutralised, capped AFTER escaping, so the final string is within ``cap``. (Two
+    shortcuts from the performance section: ``_clean_line``, ``bounded``.)"""
     if len(text) <= cap and _clean_line(text):
-        return text  # already one clean line: most tags, ids, keys and names
+        return text
     return bounded(text, cap, _one_line_whole)
-
-
-def _clean_line(text):
-    return (text.isascii() and text.isprintable() and "  " not in text and "<<<" not in text
-            and ">>>" not in text and text[:1] not in ("#", " ") and text[-1:] != " ")
 
 
 def _one_line_whole(text):
     """``neutralize`` for one line: once whitespace is collapsed there is no line break left, so
     only the start of the text can lead a line."""
     return _LEADING_HASH.sub("\\1\\\\#", _defuse(_WHITESPACE.sub(" ", text).strip()))
-
-
-def bounded(text, cap, transform):
-    """``clip(transform(text), cap)`` computed on a prefix when the text is long: a 20,000-character
-    description shown as 300, or a 1 MB tool result shown as one line, is not escaped whole. (The
-    transforms only look back a few characters, so a prefix whose result is comfortably longer than
-    ``cap`` gives the same first ``cap`` characters as the whole text.)"""
-    size = cap * 2
-    while size < len(text):
-        out = transform(text[:size])
-        if len(out) > cap + 16:
-            return clip(out, cap)
-        size *= 4
-    return clip(transform(text), cap)
 
 
 def new_nonce():
@@ -1031,20 +1087,6 @@ def framed_json(result, untrusted=False, rows=None, offset=0, caps=FIELD_CAPS, h
         scale /= 2
 
 
-def row_cost(row):
-    """Wire bytes a row adds: its JSON appears twice as a string on the wire (the text copy and the
-    structured copy's ``data``), ASCII-escaped, with quotes and backslashes escaped once more. One
-    dump gives both: each non-ASCII character becomes ``\\uXXXX`` (+5), an astral one a surrogate
-    pair (+11)."""
-    dumped = json.dumps(row, ensure_ascii=False, separators=(",", ":"))
-    escaped = len(dumped)
-    if not dumped.isascii():
-        non_ascii = len(dumped) - len(dumped.encode("ascii", "ignore"))
-        astral = len(dumped.encode("utf-16-le")) // 2 - len(dumped)
-        escaped += 5 * non_ascii + 6 * astral
-    return 2 * (escaped + dumped.count('"') + dumped.count("\\") + 1)
-
-
 def _frame(clean, rows, dropped, offset, untrusted, hint_next, scale):
     """``(text, structured, wire size)`` of a sanitised result; ``dropped``: rows were left out."""
     clean = dict(clean)
@@ -1054,6 +1096,8 @@ def _frame(clean, rows, dropped, offset, untrusted, hint_next, scale):
     if scale < 1.0:
         clean["truncated"] = True
     hints = {}
+    if not server_value("next_offset", clean.get("next_offset")):  # only a count reaches the hint line
+        clean["next_offset"] = None
     if clean.get("next_offset") is not None:
         hints = {"next": hint_next or MORE_RESULTS,
                  "next_offset": clean["next_offset"]}
@@ -1068,6 +1112,74 @@ def _frame(clean, rows, dropped, offset, untrusted, hint_next, scale):
     fields = dict(clean, **hints)
     structured = structured_frame(nonce, untrusted, fields, "data", fenced(nonce, [line]), (hint_next, MORE_RESULTS))
     return text, structured, wire_size(text) + wire_size(structured)
+
+
+# --- tool results: every tool output is built by one of these (framed or fixed text) ---------
+
+
+class ToolError(Exception):
+    """A tool failure: an ``isError`` result with ``{"error": code, "message": ..., **details}``."""
+
+    def __init__(self, code, message, **details):
+        super().__init__(message)
+        self.code, self.message, self.details = code, message, details
+
+
+class Result:
+    def __init__(self, text, structured, is_error=False, outcome="ok"):
+        self.text, self.structured, self.is_error, self.outcome = text, structured, is_error, outcome
+
+
+def error_text(code, message):
+    """An error result's text: the code and this file's fixed message (clients that hide the
+    structured copy of an error, as Claude Code does, still show the model the code)."""
+    return "a4sx error %s: %s" % (code, message)
+
+
+def error_result(err):
+    """Details are integers, flags and values this file checked (an idempotency key); nothing an
+    author or the API wrote, which only ever travels framed (see ``framed_error``)."""
+    structured = dict({"error": err.code, "message": err.message}, **err.details)
+    return Result(error_text(err.code, err.message), structured, True, err.code)
+
+
+def framed_error(code, message, payload, untrusted, outcome, **fields):
+    """An error result that carries author or API data: the code and message first, then the
+    notice and the envelope, in the text and in the structured copy alike."""
+    text, structured = framed_json(dict(payload, **fields), untrusted)
+    structured = dict({"error": code, "message": message}, **structured)
+    return Result(error_text(code, message) + "\n\n" + text, structured, True, outcome)
+
+
+def network_error(settings, err, hint=""):
+    return ToolError("network_error", "Could not reach the a4sx server at %s: %s.%s" % (settings.base, err, hint))
+
+
+def config_untrusted(err):
+    return ToolError("config_untrusted", "The a4sx sign-in was not used: %s. Nothing was sent." % err)
+
+
+def not_signed_in(settings):
+    return ToolError("not_signed_in", "Not signed in to %s: run `%s` in a terminal, then try again."
+                     % (settings.base, settings.login_hint()))
+
+
+def api_failure(settings, status, body):
+    """The ToolError for an unexpected API answer, mapped as the hosted server does."""
+    code, details = api_error_fields(body)
+    if status in (401, 403) and (code in ("library_token_read_only", "insufficient_scope", "not_logged_in",
+                                          "auth_invalid", "forbidden_role", "auth_missing")
+                                 or (status == 401 and not code)):
+        return ToolError("credential_not_accepted", "The a4sx sign-in was not accepted (it may have expired or been "
+                         "revoked): run `%s` in a terminal, then try again." % settings.login_hint(), status=status)
+    if status == 429:
+        retry = retry_after_of(details)
+        return ToolError("rate_limited", "The a4sx server is rate limiting requests; try again %s."
+                         % ("in %d s" % retry if retry else "shortly"), retry_after_s=retry, status=status)
+    if status == 404:
+        return ToolError("not_found", "Not found on the a4sx server.", status=status)
+    return ToolError(code or "http_error", "The a4sx server answered HTTP %d%s." % (status, " (%s)" % code if code else ""),
+                     status=status)
 
 
 # =============================================================================================
@@ -1326,8 +1438,6 @@ def pick_transcript(bundle):
             files.setdefault(entry["path"], entry["content_b64"])
 
     def decoded(path):
-        import binascii
-
         try:
             return binascii.a2b_base64(files[path])  # reads the str in place: no 27 MB ASCII copy
         except (ValueError, TypeError):
@@ -1410,28 +1520,22 @@ def sdk_module(name):
     """``a4sx.<name>``, imported on first use only. ``a4sx.scrub`` costs ~230 ms of regex compiling,
     which no handshake and no read should wait for: ``a4sx.sdk`` imports it, so the records below
     use ``a4sx.config`` and ``a4sx.transcript``, which do not."""
-    import importlib
-
     try:
-        return importlib.import_module("%s.%s" % (SDK_PACKAGE, name))
+        return lazy("%s.%s" % (SDK_PACKAGE, name))
     except ImportError:
         raise SdkMissing() from None
 
 
 def sdk_available():
-    import importlib.util
-
     try:
-        return SDK_PACKAGE in sys.modules or importlib.util.find_spec(SDK_PACKAGE) is not None
+        return SDK_PACKAGE in sys.modules or lazy("importlib.util").find_spec(SDK_PACKAGE) is not None
     except (ImportError, ValueError):
         return False
 
 
 def sdk_version():
     try:
-        from importlib.metadata import version
-
-        return version(SDK_PACKAGE)
+        return lazy("importlib.metadata").version(SDK_PACKAGE)
     except Exception:  # noqa: BLE001 - any failure means "not installed"
         return None
 
@@ -1450,12 +1554,10 @@ WORKER_IDLE_S = 300
 
 def scrub_worker_main():
     """The worker process: frames ``<header json>\\n<body bytes>`` in, the same out."""
-    import select
-
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     try:
-        from a4sx import scrub
-    except ImportError:
+        scrub = sdk_module("scrub")
+    except SdkMissing:
         stdout.write(b'{"error": "sdk_missing"}\n')
         stdout.flush()
         return 0
@@ -1497,8 +1599,7 @@ class ScrubWorker:
         self.lock = threading.Lock()
 
     def _start(self):
-        import subprocess
-
+        subprocess = lazy("subprocess")
         script = os.path.abspath(__file__)
         self.proc = subprocess.Popen([sys.executable, script, "--scrub-worker"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True,
@@ -1622,32 +1723,6 @@ def mark_untrusted(base, collection):
             registry[origin] = ids + [collection]
             config.write_private(os.path.join(config.config_dir(), "untrusted.json"),
                                  json.dumps(registry, indent=2) + "\n")
-
-
-_libc = None
-
-
-def _glibc():
-    """glibc through ctypes, loaded on the first large call only (never at start-up)."""
-    global _libc
-    if _libc is None and sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            _libc = ctypes.CDLL("libc.so.6")
-            _libc.mallopt(-3, 1024 * 1024)  # M_MMAP_THRESHOLD fixed at 1 MiB: big buffers are
-            # mapped and unmapped on their own instead of fragmenting the heap after the first one
-        except (OSError, AttributeError):
-            _libc = False
-    return _libc or None
-
-
-def release_memory():
-    """Give the heap that a multi-megabyte call freed back to the system (glibc keeps it otherwise,
-    and a long-running server would sit at its peak)."""
-    libc = _glibc()
-    if libc is not None:
-        libc.malloc_trim(0)
 
 
 def rows_untrusted(rows, base):
@@ -1889,74 +1964,6 @@ def with_defaults(schema, args):
     return out
 
 
-# --- results ----------------------------------------------------------------------------------
-
-
-class ToolError(Exception):
-    """A tool failure: an ``isError`` result with ``{"error": code, "message": ..., **details}``."""
-
-    def __init__(self, code, message, **details):
-        super().__init__(message)
-        self.code, self.message, self.details = code, message, details
-
-
-class Result:
-    def __init__(self, text, structured, is_error=False, outcome="ok"):
-        self.text, self.structured, self.is_error, self.outcome = text, structured, is_error, outcome
-
-
-def error_text(code, message):
-    """An error result's text: the code and this file's fixed message (clients that hide the
-    structured copy of an error, as Claude Code does, still show the model the code)."""
-    return "a4sx error %s: %s" % (code, message)
-
-
-def error_result(err):
-    """Details are integers, flags and values this file checked (an idempotency key); nothing an
-    author or the API wrote, which only ever travels framed (see ``framed_error``)."""
-    structured = dict({"error": err.code, "message": err.message}, **err.details)
-    return Result(error_text(err.code, err.message), structured, True, err.code)
-
-
-def framed_error(code, message, payload, untrusted, outcome, **fields):
-    """An error result that carries author or API data: the code and message first, then the
-    notice and the envelope, in the text and in the structured copy alike."""
-    text, structured = framed_json(dict(payload, **fields), untrusted)
-    structured = dict({"error": code, "message": message}, **structured)
-    return Result(error_text(code, message) + "\n\n" + text, structured, True, outcome)
-
-
-def network_error(settings, err, hint=""):
-    return ToolError("network_error", "Could not reach the a4sx server at %s: %s.%s" % (settings.base, err, hint))
-
-
-def config_untrusted(err):
-    return ToolError("config_untrusted", "The a4sx sign-in was not used: %s. Nothing was sent." % err)
-
-
-def not_signed_in(settings):
-    return ToolError("not_signed_in", "Not signed in to %s: run `%s` in a terminal, then try again."
-                     % (settings.base, settings.login_hint()))
-
-
-def api_failure(settings, status, body):
-    """The ToolError for an unexpected API answer, mapped as the hosted server does."""
-    code, details = api_error_fields(body)
-    if status in (401, 403) and (code in ("library_token_read_only", "insufficient_scope", "not_logged_in",
-                                          "auth_invalid", "forbidden_role", "auth_missing")
-                                 or (status == 401 and not code)):
-        return ToolError("credential_not_accepted", "The a4sx sign-in was not accepted (it may have expired or been "
-                         "revoked): run `%s` in a terminal, then try again." % settings.login_hint(), status=status)
-    if status == 429:
-        retry = retry_after_of(details)
-        return ToolError("rate_limited", "The a4sx server is rate limiting requests; try again %s."
-                         % ("in %d s" % retry if retry else "shortly"), retry_after_s=retry, status=status)
-    if status == 404:
-        return ToolError("not_found", "Not found on the a4sx server.", status=status)
-    return ToolError(code or "http_error", "The a4sx server answered HTTP %d%s." % (status, " (%s)" % code if code else ""),
-                     status=status)
-
-
 class RateLimiter:
     """A sliding 60-second window, counted per process; a limit of 0 turns it off."""
 
@@ -2013,8 +2020,6 @@ def _tags(value, limit=12):
 
 
 def listing_url(settings, item_id, tenant):
-    from urllib.parse import quote
-
     url = "%s/marketplace/%s" % (settings.base, quote(_str(item_id), safe="", errors="replace"))
     return url + "?t=" + quote(tenant, safe="", errors="replace") if tenant else url
 
@@ -2047,7 +2052,7 @@ def library_row(row):
 # --- the calls' shared context -------------------------------------------------------------------
 
 
-class Call:
+class ToolContext:
     """What a handler needs: settings, the API, the caller's cancel flag and a progress reporter."""
 
     def __init__(self, server, cancel, progress):
@@ -2068,7 +2073,7 @@ class Call:
         """A request of ``route`` whose non-``ok`` answers become the mapped ToolError (``ok=None``:
         any status is returned)."""
         try:
-            status, body = self.api.call(route, params, cancel=self.cancel, **kw)
+            status, body = self.api.send(route, params, cancel=self.cancel, **kw)
         except SignedOut:
             raise not_signed_in(self.settings) from None
         except ConfigUntrusted as err:
@@ -2120,8 +2125,6 @@ def fold(text):
     """Lower case, accents dropped (``Café`` and ``cafe`` match)."""
     if text.isascii():
         return text.lower()
-    import unicodedata
-
     return _COMBINING_MARKS.sub("", unicodedata.normalize("NFKD", text)).casefold()
 
 
@@ -2155,13 +2158,13 @@ def ranked(rows, query, sort):
 
 
 
-def tool_search_sessions(call, args):
+def tool_search_sessions(ctx, args):
     query = args.get("query", "").strip()
     limit, offset = args["limit"], args["offset"]
     harness = sorted({h.strip().lower() for h in args.get("harness", [])})
     if args["scope"] == "library":
-        rows = call.library()
-        untrusted_of = rows_untrusted(rows, call.settings.base)
+        rows = ctx.library()
+        untrusted_of = rows_untrusted(rows, ctx.settings.base)
         wanted_tags = {t.lower() for t in args.get("tags", [])}
         hits = []
         for row in rows:
@@ -2180,7 +2183,7 @@ def tool_search_sessions(call, args):
     else:
         params = {"q": query, "tag": ",".join(args.get("tags", [])), "sort": args["sort"], "limit": limit,
                   "offset": offset, "harness": ",".join(harness)}
-        _, body = call.request("discover", params)
+        _, body = ctx.request("discover", params)
         body = body if isinstance(body, dict) else {}
         items = [item for item in _list(body.get("items")) if isinstance(item, dict)][:limit]
         total = body.get("total")
@@ -2189,7 +2192,7 @@ def tool_search_sessions(call, args):
                   "total": total if isinstance(total, int) and not isinstance(total, bool) else len(items),
                   "next_offset": next_offset if isinstance(next_offset, int) and not isinstance(next_offset, bool)
                   and next_offset >= 0 else None,
-                  "items": [public_row(call.settings, item) for item in items]}
+                  "items": [public_row(ctx.settings, item) for item in items]}
         untrusted = False
     text, structured = framed_json(result, untrusted, rows="items", offset=offset)
     return Result(text, structured)
@@ -2198,22 +2201,22 @@ def tool_search_sessions(call, args):
 # --- get_session_summary ------------------------------------------------------------------------
 
 
-def tool_get_session_summary(call, args):
+def tool_get_session_summary(ctx, args):
     if args["source"] == "library":
-        rows = call.library()
+        rows = ctx.library()
         row = next((r for r in rows if r.get("id") == args["id"]), None)
         if row is None:
             raise ToolError("not_found", "No session with that id in your library.")
-        untrusted = rows_untrusted(rows, call.settings.base)(row)
+        untrusted = rows_untrusted(rows, ctx.settings.base)(row)
         result = dict(library_row(row), sessions=row.get("sessions"), created_at=row.get("created_at"),
                       untrusted=untrusted)
         text, structured = framed_json(result, untrusted, caps=SUMMARY_CAPS)
         return Result(text, structured)
-    _, body = call.request("listing", {"id": args["id"], "t": args.get("tenant")})
+    _, body = ctx.request("listing", {"id": args["id"], "t": args.get("tenant")})
     item = body.get("item") if isinstance(body, dict) else None
     if not isinstance(item, dict):
         raise ToolError("not_found", "No marketplace listing with that id.")
-    result = public_row(call.settings, item)
+    result = public_row(ctx.settings, item)
     members = [m for m in _list(item.get("members")) if isinstance(m, dict)][:20]
     depth, stats = item.get("sf_depth"), item.get("stats")
     result.update({
@@ -2236,13 +2239,13 @@ NEVER_BUYS = ("a4sx never buys on your behalf: the account holder can buy it on 
               "again to acquire it.")
 
 
-def tool_acquire_session(call, args):
-    call.token()  # signed out: said before the rate limit counts the call
-    wait = call.server.acquire_limit.take()
+def tool_acquire_session(ctx, args):
+    ctx.token()  # signed out: said before the rate limit counts the call
+    wait = ctx.server.acquire_limit.take()
     if wait:
         raise ToolError("rate_limited", "Too many acquire_session calls; try again in %d s." % wait, retry_after_s=wait)
     sid, tenant = args["id"], args.get("tenant") or None
-    status, body = call.request("acquire", {"id": sid, "tenant": tenant, "version": args.get("version") or "latest"},
+    status, body = ctx.request("acquire", {"id": sid, "tenant": tenant, "version": args.get("version") or "latest"},
                                 ok=None)
     code, details = api_error_fields(body)
     if status in (200, 201) and isinstance(body, dict) and body.get("collection"):
@@ -2254,7 +2257,7 @@ def tool_acquire_session(call, args):
         member = details.get("member")
         listing = None
         try:
-            item_status, item_body = call.api.call("listing", {"id": sid, "t": tenant}, cancel=call.cancel)
+            item_status, item_body = ctx.api.send("listing", {"id": sid, "t": tenant}, cancel=ctx.cancel)
             if item_status == 200 and isinstance(item_body, dict) and isinstance(item_body.get("item"), dict):
                 listing = item_body["item"]
         except NetworkError:
@@ -2270,28 +2273,28 @@ def tool_acquire_session(call, args):
             result["price_cents"] = price if isinstance(price, int) and not isinstance(price, bool) else None
             result["currency"] = _str((listing or {}).get("currency")) or None
             message = "This session is paid and this account has no purchase or grant for it. " + NEVER_BUYS
-        result.update(listing_url=listing_url(call.settings, sid, owner), message=message)
+        result.update(listing_url=listing_url(ctx.settings, sid, owner), message=message)
         text, structured = framed_json(result, True, hint_next=NEVER_BUYS)
         return Result(text, structured, outcome="payment_required")
     if status == 409 and code == "memory_only":
         return framed_error("memory_only", "This listing is reading material only: there is no session to acquire.",
                             {"id": sid}, True, "not_a_session", status="not_a_session")
-    raise api_failure(call.settings, status, body)
+    raise api_failure(ctx.settings, status, body)
 
 
 # --- fetch_session_context ----------------------------------------------------------------------
 
 
-def tool_fetch_session_context(call, args):
+def tool_fetch_session_context(ctx, args):
     _glibc()  # before the first multi-megabyte answer arrives
-    library = call.in_background(call.library)  # the provenance check overlaps the download
-    _, bundle = call.request("fetch", {"cid": args["id"], "version": args.get("version")})
-    call.large = bundle_size(bundle) > LARGE_CALL_BYTES
-    call.progress("fetched")
+    library = ctx.in_background(ctx.library)  # the provenance check overlaps the download
+    _, bundle = ctx.request("fetch", {"cid": args["id"], "version": args.get("version")})
+    ctx.large = bundle_size(bundle) > LARGE_CALL_BYTES
+    ctx.progress("fetched")
     try:
         rows = library()
         row = next((r for r in rows if r.get("id") == args["id"]), None)
-        untrusted = row is None or rows_untrusted(rows, call.settings.base)(row)
+        untrusted = row is None or rows_untrusted(rows, ctx.settings.base)(row)
     except ToolError:
         row, untrusted = None, True  # fail closed: unknown provenance counts as another author's
     bundle = bundle if isinstance(bundle, dict) else {}
@@ -2321,9 +2324,8 @@ SAVED_NEXT = ("Saved privately: only you can list and fetch it. Listing it publi
               "step in the a4sx web app.")
 
 
-def upload_timeout(size):
+def upload_timeout(size, override):
     """120 s plus 2 s per MiB, at most 30 min; ``$A4SX_UPLOAD_TIMEOUT_S`` overrides (at most 6 h)."""
-    override = _int_env("A4SX_UPLOAD_TIMEOUT_S", 0)
     if override > 0:
         return min(override, 6 * 3600)
     return min(1800, 120 + size // (512 * 1024))
@@ -2331,11 +2333,9 @@ def upload_timeout(size):
 
 def retry_wait(attempt, details):
     """The server's ``retry_after_s`` (capped at 60 s), else 5 s then 15 s; plus up to 25 % jitter."""
-    import random
-
     hint = retry_after_of(details)
     base = min(hint, RETRY_WAIT_CAP_S) if hint else PUBLISH_RETRY_WAITS_S[min(attempt, len(PUBLISH_RETRY_WAITS_S) - 1)]
-    return base + random.uniform(0, base * 0.25)
+    return base + lazy("random").uniform(0, base * 0.25)
 
 
 def resolve_parent(rows, name):
@@ -2354,27 +2354,26 @@ def resolve_parent(rows, name):
     return hits[0] if len(hits) == 1 else None
 
 
-def ensure_library(call, again=False):
+def ensure_library(ctx, again=False):
     """``POST /library/ensure`` once per account and process; ``again`` when a push found the
     library gone."""
-    account = call.api.account()
-    if again or account not in call.api.ensured:
-        call.request("ensure", ok=(200, 201, 204), data=b"")
-        call.api.ensured.add(account)
+    account = ctx.api.account()
+    if again or account not in ctx.api.ensured:
+        ctx.request("ensure", ok=(200, 201, 204), data=b"")
+        ctx.api.ensured.add(account)
 
 
-def tool_publish_session(call, args):
-    call.token()
+def tool_publish_session(ctx, args):
+    ctx.token()
     data = args["transcript"].encode("utf-8", "surrogatepass")
-    call.large = len(data) > LARGE_CALL_BYTES
-    if call.large:
+    ctx.large = len(data) > LARGE_CALL_BYTES
+    if ctx.large:
         _glibc()
-    cap = call.settings.max_publish_bytes
+    cap = ctx.settings.max_publish_bytes
     if len(data) > cap:
         raise ToolError("too_large", "The transcript is %d bytes; publish_session takes at most %d bytes. Save larger "
                         "sessions with the a4sx CLI: `a4sx push <file>`." % (len(data), cap), size=len(data), cap=cap)
-    import hashlib
-
+    hashlib = lazy("hashlib")
     if "content_sha256" in args and hashlib.sha256(data).hexdigest() != args["content_sha256"].lower():
         raise ToolError("content_sha_mismatch", "content_sha256 does not match the SHA-256 of the transcript's UTF-8 "
                         "bytes: it was changed or cut on the way. Nothing was sent.")
@@ -2382,29 +2381,29 @@ def tool_publish_session(call, args):
     if problem:
         raise ToolError("not_a_transcript", "Not a Claude Code or Codex CLI JSONL transcript: %s. Nothing was sent."
                         % problem)
-    wait = call.server.publish_limit.take()
+    wait = ctx.server.publish_limit.take()
     if wait:
         raise ToolError("rate_limited", "Too many publish_session calls; try again in %d s." % wait, retry_after_s=wait)
-    if call.cancel.is_set():
+    if ctx.cancel.is_set():
         raise Cancelled()
-    call.progress("scrubbing the transcript on this machine")
+    ctx.progress("scrubbing the transcript on this machine")
     try:
-        upload, report, texts = scrub_transcript(data, args.get("title"), args.get("label"), call.cancel)
+        upload, report, texts = scrub_transcript(data, args.get("title"), args.get("label"), ctx.cancel)
     except SdkMissing:
         raise ToolError("sdk_missing", "publish_session needs the `%s` package (the a4sx SDK, %s) to scrub the "
                         "transcript before it leaves this machine; install it with `pip install '%s%s'`. Nothing "
                         "was sent." % (SDK_PACKAGE, SDK_RANGE, SDK_PACKAGE, SDK_RANGE))
-    if call.cancel.is_set():
+    if ctx.cancel.is_set():
         raise Cancelled()
     title, label = (texts.get(k, (None, {}))[0] for k in ("title", "label"))
     text_redactions = sum(sum(texts.get(k, (None, {}))[1].values()) for k in ("title", "label"))
-    base = call.settings.base
+    base = ctx.settings.base
     lineage = read_lineage(transcript_session_id(upload)) or {}
     # Another author's content keeps its warning when published again (see SECURITY.md): through the
     # lineage record, the parent's or the target entry's taint, or this server's framing carried in
     # the transcript itself (a model that copied a fetched session into its own turns).
     untrusted = bool(lineage.get("untrusted")) or carries_other_authors_framing(data)
-    rows = call.library() if args.get("parent") or label or lineage.get("parent_cid") else []
+    rows = ctx.library() if args.get("parent") or label or lineage.get("parent_cid") else []
     untrusted_of = rows_untrusted(rows, base)
     parent = parent_row = None
     if args.get("parent"):
@@ -2416,29 +2415,27 @@ def tool_publish_session(call, args):
         if lineage.get("parent_version"):
             parent += "@" + _str(lineage["parent_version"])
     untrusted = untrusted or bool(parent_row and untrusted_of(parent_row))
-    ensure_library(call)
-    import uuid
-
-    headers = {"Idempotency-Key": args.get("idempotency_key") or str(uuid.uuid4()),
+    ensure_library(ctx)
+    headers = {"Idempotency-Key": args.get("idempotency_key") or str(lazy("uuid").uuid4()),
                "X-Content-SHA256": hashlib.sha256(upload).hexdigest()}
     params = {"label": label, "title": title, "parent": parent, "client_scrub": "full"}
     attempt, ensured_again = 0, False
     while True:
-        if call.cancel.is_set():
+        if ctx.cancel.is_set():
             raise Cancelled()  # a safe point: the upload has not started
-        call.progress("uploading (attempt %d)" % (attempt + 1))
+        ctx.progress("uploading (attempt %d)" % (attempt + 1))
         try:
-            status, body = call.api.call("push", params, data=upload, headers=headers,
-                                         deadline_s=upload_timeout(len(upload)), cancel=call.cancel)
+            status, body = ctx.api.send("push", params, data=upload, headers=headers,
+                                         deadline_s=upload_timeout(len(upload), ctx.settings.upload_timeout_s), cancel=ctx.cancel)
             failure = None
         except SignedOut:
-            raise not_signed_in(call.settings) from None
+            raise not_signed_in(ctx.settings) from None
         except ConfigUntrusted as err:
             raise config_untrusted(err) from None
         except NetworkError as err:
             status, body, failure = 0, {}, err
         if status == 404 and not ensured_again:  # the library this process provisioned is gone
-            ensure_library(call, again=True)
+            ensure_library(ctx, again=True)
             ensured_again = True
             continue
         code, details = api_error_fields(body)
@@ -2447,15 +2444,15 @@ def tool_publish_session(call, args):
         if (status and status not in PUBLISH_RETRY_STATUSES) or attempt + 1 >= limit:
             break
         wait = retry_wait(attempt, details)
-        call.progress("%s; retrying in %d s" % ("the server is busy scrubbing" if busy else "no answer" if not status
+        ctx.progress("%s; retrying in %d s" % ("the server is busy scrubbing" if busy else "no answer" if not status
                                                  else "HTTP %d" % status, round(wait)))
-        if call.cancel.wait(wait):
+        if ctx.cancel.wait(wait):
             raise Cancelled()
         attempt += 1
     if failure is not None:
-        raise network_error(call.settings, failure, " The upload may be retried with the same idempotency_key.")
+        raise network_error(ctx.settings, failure, " The upload may be retried with the same idempotency_key.")
     if status not in (200, 201, 202):
-        raise api_failure(call.settings, status, body)
+        raise api_failure(ctx.settings, status, body)
     body = body if isinstance(body, dict) else {}
     collection = _str(body.get("collection"))
     if not collection:  # stored or not, the answer cannot say where: the same key finds out safely
@@ -2601,30 +2598,26 @@ class LibraryCache:
         self.lock = threading.Lock()
         self.token, self.at, self.rows = None, 0.0, []
 
-    def rows_for(self, call, fresh=False):
+    def rows_for(self, ctx, fresh=False):
         """The rows, or [] when not signed in."""
-        token = call.settings.token()
+        token = ctx.settings.token()
         if not token:
             return []
         with self.lock:
             if not fresh and token == self.token and time.monotonic() - self.at < LIBRARY_CACHE_S:
                 return self.rows
-        rows = call.library()
+        rows = ctx.library()
         with self.lock:
             self.token, self.at, self.rows = token, time.monotonic(), rows
         return rows
 
 
 def library_uri(item_id):
-    from urllib.parse import quote
-
     return LIBRARY_URI + quote(item_id, safe="")
 
 
 def uri_target(uri):
     """``(kind, id)`` for a URI this server serves, else None."""
-    from urllib.parse import unquote
-
     if not isinstance(uri, str):
         return None
     for kind, prefix in (("library", LIBRARY_URI), ("marketplace", MARKETPLACE_URI)):
@@ -2637,15 +2630,19 @@ def uri_target(uri):
     return None
 
 
+RESOURCE_DESCRIPTION = "An a4sx library session: reading it loads it framed, as untrusted reference data."
+
+
 def resource_of(row, version):
-    """A library row as a Resource: author text sanitised and capped like a search row's."""
-    title = one_line(_str(row.get("title")) or _str(row.get("id")), FIELD_CAPS["title"])
-    resource = {"uri": library_uri(row["id"]), "name": title, "mimeType": "text/markdown"}
+    """A library row as a Resource, named by its id or label (identifier-shaped, as completions are)
+    and described by a fixed text: clients show resource lists to the model without an envelope, so
+    no title or description an author wrote goes into one (reading the resource frames them)."""
+    label = row.get("label")
+    name = label if isinstance(label, str) and len(label) <= FIELD_CAPS["label"] and _ID_LIKE.search(label) else row["id"]
+    resource = {"uri": library_uri(row["id"]), "name": name, "mimeType": "text/markdown",
+                "description": RESOURCE_DESCRIPTION}
     if version >= "2025-06-18":
-        resource["title"] = title
-    description = one_line(_str(row.get("description")) or _str(row.get("summary")), FIELD_CAPS["description"])
-    if description:
-        resource["description"] = description
+        resource["title"] = name
     updated = row.get("updated_at")
     if version >= "2025-06-18" and isinstance(updated, str) and re.match(r"\d{4}-\d\d-\d\dT[\d:.]+(Z|[+-]\d\d:\d\d)\Z",
                                                                         updated):
@@ -2653,7 +2650,7 @@ def resource_of(row, version):
     return resource
 
 
-def list_resources(call, cursor, version):
+def list_resources(ctx, cursor, version):
     """One page of the library as resources; signed out: none."""
     offset = 0
     if cursor is not None:
@@ -2661,7 +2658,7 @@ def list_resources(call, cursor, version):
             raise FeatureError("invalid", "unknown cursor")
         offset = int(cursor.split(":")[1])
     try:
-        rows = call.server.library_cache.rows_for(call, fresh=cursor is None)
+        rows = ctx.server.library_cache.rows_for(ctx, fresh=cursor is None)
     except ToolError as err:
         raise _feature_error(err)
     rows = [row for row in rows if isinstance(row.get("id"), str) and _ID_LIKE.search(row["id"])]
@@ -2672,7 +2669,7 @@ def list_resources(call, cursor, version):
     return result
 
 
-def read_resource(call, uri):
+def read_resource(ctx, uri):
     """``(text, mimeType, private)``: exactly what fetch_session_context (default budget) or
     get_session_summary returns as text, notice and envelope included."""
     target = uri_target(uri)
@@ -2685,7 +2682,7 @@ def read_resource(call, uri):
     else:
         tool, args, mime = "get_session_summary", {"id": item_id}, "text/plain"
     try:
-        result = HANDLERS[tool](call, with_defaults(TOOLS_BY_NAME[tool]["inputSchema"], args))
+        result = HANDLERS[tool](ctx, with_defaults(TOOLS_BY_NAME[tool]["inputSchema"], args))
     except ToolError as err:
         raise _feature_error(err)
     return result.text, mime, kind == "library"
@@ -2716,7 +2713,7 @@ def _checked(tool, args):
     return args
 
 
-def get_prompt(call, name, arguments):
+def get_prompt(ctx, name, arguments):
     """A prompt's messages. Author text only ever travels inside the framed session text of an
     embedded resource; everything else is fixed text or the user's own checked arguments."""
     args = _prompt_args(name, arguments)
@@ -2726,12 +2723,12 @@ def get_prompt(call, name, arguments):
             raise FeatureError("invalid", "max_tokens must be a whole number from 500 to 100000")
         wanted = _checked("fetch_session_context", {"id": args["id"], "max_tokens": int(budget)})
         try:
-            rows = call.server.library_cache.rows_for(call)
-            if not call.settings.token():
-                raise not_signed_in(call.settings)
+            rows = ctx.server.library_cache.rows_for(ctx)
+            if not ctx.settings.token():
+                raise not_signed_in(ctx.settings)
             row = resolve_parent(rows, wanted["id"])
             wanted["id"] = _str(row["id"]) if row else wanted["id"]
-            result = tool_fetch_session_context(call, with_defaults(TOOLS_BY_NAME["fetch_session_context"]
+            result = tool_fetch_session_context(ctx, with_defaults(TOOLS_BY_NAME["fetch_session_context"]
                                                                     ["inputSchema"], wanted))
         except ToolError as err:
             raise _feature_error(err)
@@ -2763,7 +2760,7 @@ def _enum_of(tool, prop):
     return schema.get("enum") or schema["items"]["enum"]
 
 
-def complete(call, ref, argument):
+def complete(ctx, ref, argument):
     """Completion values for a prompt argument or a template variable, by prefix (at most 100)."""
     if not isinstance(ref, dict) or not isinstance(argument, dict) or not isinstance(argument.get("name"), str):
         raise FeatureError("invalid", "completion/complete needs ref and argument {name, value}")
@@ -2780,7 +2777,7 @@ def complete(call, ref, argument):
         enums = {"scope": ("search_sessions", "scope"), "sort": ("search_sessions", "sort"),
                  "harness": ("search_sessions", "harness")}
         if (prompt["name"], name) in sources:
-            candidates = library_values(call, sources[(prompt["name"], name)])
+            candidates = library_values(ctx, sources[(prompt["name"], name)])
         elif prompt["name"] == "find_sessions" and name in enums:
             candidates = _enum_of(*enums[name])
         else:
@@ -2789,7 +2786,7 @@ def complete(call, ref, argument):
         template = ref.get("uri")
         if template not in [t["uriTemplate"] for t in RESOURCE_TEMPLATES]:
             raise FeatureError("invalid", "unknown resource template")
-        candidates = library_values(call, ("id",)) if template.startswith(LIBRARY_URI) and name == "id" else []
+        candidates = library_values(ctx, ("id",)) if template.startswith(LIBRARY_URI) and name == "id" else []
     else:
         raise FeatureError("invalid", "ref.type must be ref/prompt or ref/resource")
     prefix = value.lower()
@@ -2798,11 +2795,11 @@ def complete(call, ref, argument):
                            "hasMore": len(hits) > MAX_COMPLETIONS}}
 
 
-def library_values(call, fields):
+def library_values(ctx, fields):
     """Ids (and labels) from the library that a tool accepts as an id: identifier-shaped strings
     only, so no author prose ever reaches a picker outside an envelope. Signed out or failing: none."""
     try:
-        rows = call.server.library_cache.rows_for(call)
+        rows = ctx.server.library_cache.rows_for(ctx)
     except ToolError:
         return []
     seen, out = set(), []
@@ -2924,8 +2921,6 @@ class Pool:
     slow API cannot starve the others, and they end when the queue is empty."""
 
     def __init__(self, size, spare=0, waiting=lambda: 0):
-        import queue
-
         self.tasks = queue.Queue()
         self.size, self.spare, self.waiting = size, spare, waiting
         self.threads = []
@@ -2955,8 +2950,6 @@ class Pool:
             thread.start()
 
     def _run(self):
-        import queue
-
         while True:
             try:  # past ``size``, an idle worker ends after SPARE_IDLE_S
                 fn = self.tasks.get(timeout=SPARE_IDLE_S if len(self.threads) > self.size else None)
@@ -3185,16 +3178,16 @@ class Server:
                 result.update(ttlMs=TOOLS_TTL_MS, cacheScope="public")
             return reply({"jsonrpc": "2.0", "id": msg_id, "result": result})
 
-        def work(call):
+        def work(ctx):
             if method == "resources/list":
-                result, private = list_resources(call, params.get("cursor"), version), True
+                result, private = list_resources(ctx, params.get("cursor"), version), True
             elif method == "resources/read":
-                text, mime, private = read_resource(call, params.get("uri"))
+                text, mime, private = read_resource(ctx, params.get("uri"))
                 result = {"contents": [{"uri": params["uri"], "mimeType": mime, "text": text}]}
             elif method == "prompts/get":
-                return get_prompt(call, params.get("name"), params.get("arguments"))
+                return get_prompt(ctx, params.get("name"), params.get("arguments"))
             else:
-                return complete(call, params.get("ref"), params.get("argument"))
+                return complete(ctx, params.get("ref"), params.get("argument"))
             if modern:
                 result.update(ttlMs=LIBRARY_TTL_MS if private else TOOLS_TTL_MS,
                               cacheScope="private" if private else "public")
@@ -3218,13 +3211,13 @@ class Server:
         return shown
 
     def start_job(self, msg_id, work, answer, reply):
-        """``work(call)`` on a worker; its result, FeatureError (through ``answer``), or -32603."""
+        """``work(ctx)`` on a worker; its result, FeatureError (through ``answer``), or -32603."""
         key = json.dumps(msg_id)
         state = Inflight()
 
         def run():
             try:
-                response = {"jsonrpc": "2.0", "id": msg_id, "result": work(Call(self, state.cancel, lambda m: None))}
+                response = {"jsonrpc": "2.0", "id": msg_id, "result": work(ToolContext(self, state.cancel, lambda m: None))}
             except FeatureError as err:
                 response = answer(err)
             except Cancelled:
@@ -3272,7 +3265,7 @@ class Server:
                     del self.inflight[key]
 
         def run():
-            result = self.run_tool(name, params.get("arguments"), Call(self, state.cancel, progress))
+            result = self.run_tool(name, params.get("arguments"), ToolContext(self, state.cancel, progress))
             if result is None:
                 return finish(None)
             payload = {"content": [{"type": "text", "text": result.text}], "isError": result.is_error}
@@ -3299,7 +3292,7 @@ class Server:
                 self.write({"jsonrpc": "2.0", "method": "notifications/progress", "params": params})
         return progress
 
-    def run_tool(self, name, arguments, call):
+    def run_tool(self, name, arguments, ctx):
         """A Result (tool failures included), or None when the call was cancelled."""
         started = time.monotonic()
         try:
@@ -3307,7 +3300,7 @@ class Server:
             problem = validate(TOOLS_BY_NAME[name]["inputSchema"], args, "arguments")
             if problem:
                 raise ToolError("invalid_arguments", "%s. Nothing was sent." % problem)
-            result = HANDLERS[name](call, with_defaults(TOOLS_BY_NAME[name]["inputSchema"], args))
+            result = HANDLERS[name](ctx, with_defaults(TOOLS_BY_NAME[name]["inputSchema"], args))
         except Cancelled:
             result = None
         except ToolError as err:
@@ -3315,9 +3308,9 @@ class Server:
         except Exception as err:  # noqa: BLE001 - never leak a traceback, never die
             log("warning", "tool=%s internal error (%s)" % (name, type(err).__name__))
             result = error_result(ToolError("internal_error", "internal error"))
-        if call.large:
+        if ctx.large:
             release_memory()
-        if result is None or call.cancel.is_set():
+        if result is None or ctx.cancel.is_set():
             log("info", "tool=%s outcome=cancelled ms=%d" % (name, (time.monotonic() - started) * 1000))
             return None
         log("info", "tool=%s outcome=%s ms=%d" % (name, result.outcome, (time.monotonic() - started) * 1000))
@@ -3373,6 +3366,17 @@ _LEADING_ID = re.compile(rb'^\s*\{(?:\s*"(?:jsonrpc|method)"\s*:\s*"[^"\\]{0,100
                          rb'(-?\d{1,18}|"[^"\\]{0,200}")')
 
 
+def oversized_id(prefix):
+    """The id at the start of a message too large to keep, or None when it is not a plain one (a
+    control character or invalid UTF-8 inside it is no id: the error goes out with id null)."""
+    found = _LEADING_ID.match(prefix)
+    try:
+        msg_id = json.loads(found.group(1)) if found else None
+    except ValueError:  # UnicodeDecodeError included
+        return None
+    return msg_id if _valid_id(msg_id) else None
+
+
 class Writer:
     """stdout is the protocol channel: one JSON message per line, written whole under one lock."""
 
@@ -3420,9 +3424,8 @@ def serve(settings):
     _exit_on_sigterm(writer)
     for line, oversized in read_lines(sys.stdin.buffer, MAX_LINE_BYTES):
         if oversized is not None:
-            found = _LEADING_ID.match(oversized)
-            msg_id = json.loads(found.group(1)) if found else None
-            writer(rpc_error(msg_id, -32600, "Invalid Request: message larger than %d bytes" % MAX_LINE_BYTES))
+            writer(rpc_error(oversized_id(oversized), -32600,
+                             "Invalid Request: message larger than %d bytes" % MAX_LINE_BYTES))
             continue
         if line.strip():
             server.handle_line(line)
@@ -3433,8 +3436,6 @@ def serve(settings):
 def _exit_on_sigterm(writer):
     """SIGTERM is how MCP clients end a server that did not exit on stdin EOF: exit 0, promptly,
     never in the middle of a line."""
-    import signal
-
     def stop(signum, frame):
         SCRUB_WORKER.stop()
         writer.lock.acquire(timeout=2)
@@ -3451,11 +3452,11 @@ def run_check(settings):
     fixes = []
     out = ["a4sx-mcp %s --check" % __version__]
     source = {"--base": "the --base flag", "A4SX_BASE": "$A4SX_BASE",
-              "config.json": "the server you signed in to last (%s)" % os.path.join(config_dir(), "config.json"),
+              "config.json": "the server you signed in to last (%s)" % os.path.join(settings.config_dir, "config.json"),
               "default": "the default"}[settings.base_source]
     out.append("server:     %s (from %s)" % (settings.base, source))
     try:
-        token, where = find_token(settings.base)
+        token, where = settings.find_token()
         out.append("sign-in:    %s" % ("found for this server (%s)" % where if token else "none for this server"))
         if not token:
             fixes.append("sign in: run `%s` (public search works without it)" % settings.login_hint())
@@ -3467,7 +3468,7 @@ def run_check(settings):
                                    else "not used (plain http, allowed to this machine only)"))
     api = Api(settings)
     try:
-        status, body = api.call("health")
+        status, body = api.send("health")
         version = body.get("version") if isinstance(body, dict) else None
         answers = status == 200
         out.append("answers:    %s" % ("yes (/healthz, server version %s)" % one_line(_str(version), 40)
@@ -3479,7 +3480,7 @@ def run_check(settings):
         fixes.append("check the server address (--base / A4SX_BASE) and your network connection")
     if token and answers:
         try:
-            status, _ = api.call("me")
+            status, _ = api.send("me")
         except (NetworkError, SignedOut) as err:
             status = None
             out.append("accepted:   unknown (%s)" % (err or "the sign-in went away"))
@@ -3500,7 +3501,11 @@ def run_check(settings):
     out.append("limits:     requests %s, acquire %s, publish %s, publish size %d bytes"
                % (per_min(settings.per_min), per_min(settings.acquire_per_min), per_min(settings.publish_per_min),
                   settings.max_publish_bytes))
-    out.append("config dir: %s" % config_dir())
+    out.append("config dir: %s" % settings.config_dir)
+    out.append("reads:      these variables (set or not set; values are not shown):")
+    out += ["  %-34s %-8s %s" % (name, "set" if environment()[name] else "not set", what) for name, what in ENVIRONMENT]
+    out.append("            and these files in the config dir:")
+    out += ["  %-34s %s; read at %s" % (name, what, when) for name, what, when in FILES]
     out.append("log level:  %s (stderr)" % settings.log_level)
     if fixes:
         out.append("")
@@ -3515,11 +3520,9 @@ def run_check(settings):
 def file_digest_line():
     """``<sha256>  <path>`` of this running file, as ``sha256sum`` prints it: a copy made after a
     review can be compared with the reviewed file (SECURITY.md)."""
-    import hashlib
-
     path = os.path.abspath(__file__)
     with open(path, "rb") as f:
-        return "%s  %s" % (hashlib.sha256(f.read()).hexdigest(), path)
+        return "%s  %s" % (lazy("hashlib").sha256(f.read()).hexdigest(), path)
 
 
 USAGE = """usage: a4sx-mcp [--base URL] [--check] [--version] [--help]
@@ -3582,6 +3585,84 @@ def main(argv=None):
         SCRUB_WORKER.stop()
         return 130
 
+
+# =============================================================================================
+# 9. Performance only: shortcuts that change no result
+# =============================================================================================
+# Each function here returns what the plain computation named in its docstring returns, or only
+# saves time and memory; a test compares each shortcut with the plain way. Nothing here decides
+# what is sent or to whom. Read the trust code above as if the plain way were used.
+
+
+def _clean_line(text):
+    """True when ``_one_line_whole(text) == text``: one printable ASCII line with nothing to collapse,
+    strip or escape (most tags, ids, keys and names), so ``one_line`` can return it as it is."""
+    return (text.isascii() and text.isprintable() and "  " not in text and "<<<" not in text
+            and ">>>" not in text and text[:1] not in ("#", " ") and text[-1:] != " ")
+
+
+def bounded(text, cap, transform):
+    """``clip(transform(text), cap)`` computed on a prefix when the text is long: a 20,000-character
+    description shown as 300, or a 1 MB tool result shown as one line, is not escaped whole. (The
+    transforms only look back a few characters, so a prefix whose result is comfortably longer than
+    ``cap`` gives the same first ``cap`` characters as the whole text.)"""
+    size = cap * 2
+    while size < len(text):
+        out = transform(text[:size])
+        if len(out) > cap + 16:
+            return clip(out, cap)
+        size *= 4
+    return clip(transform(text), cap)
+
+
+def row_cost(row):
+    """Wire bytes a row adds: its JSON appears twice as a string on the wire (the text copy and the
+    structured copy's ``data``), ASCII-escaped, with quotes and backslashes escaped once more. One
+    dump gives both: each non-ASCII character becomes ``\\uXXXX`` (+5), an astral one a surrogate
+    pair (+11)."""
+    dumped = json.dumps(row, ensure_ascii=False, separators=(",", ":"))
+    escaped = len(dumped)
+    if not dumped.isascii():
+        non_ascii = len(dumped) - len(dumped.encode("ascii", "ignore"))
+        astral = len(dumped.encode("utf-16-le")) // 2 - len(dumped)
+        escaped += 5 * non_ascii + 6 * astral
+    return 2 * (escaped + dumped.count('"') + dumped.count("\\") + 1)
+
+
+def warm_network(api):
+    """Run while the client is idle after the handshake: what the first call to an https server
+    would otherwise pay for (network modules, the TLS context: ~8 MiB, ~50 ms of CPU with a system
+    bundle). Plain http (loopback only: tests, demos) loads them at its first call. Sends nothing."""
+    if api.tls:
+        lazy("http.client")
+        ssl_context()
+
+
+_libc = None
+
+
+def _glibc():
+    """glibc through ctypes, loaded on the first large call only (never at start-up)."""
+    global _libc
+    if _libc is None and sys.platform.startswith("linux"):
+        try:
+            _libc = lazy("ctypes").CDLL("libc.so.6")
+            _libc.mallopt(-3, 1024 * 1024)  # M_MMAP_THRESHOLD fixed at 1 MiB: big buffers are
+            # mapped and unmapped on their own instead of fragmenting the heap after the first one
+        except (OSError, AttributeError):
+            _libc = False
+    return _libc or None
+
+
+def release_memory():
+    """Give the heap that a multi-megabyte call freed back to the system (glibc keeps it otherwise,
+    and a long-running server would sit at its peak)."""
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+# --- entry point ---
 
 if __name__ == "__main__":
     sys.exit(main())
