@@ -56,7 +56,8 @@ def _drop_working_dir(path, how):
         cwd = os.path.realpath(os.getcwd())
     except OSError:
         cwd = None
-    own = os.path.realpath(os.path.dirname(os.path.abspath(__file__)))
+    own = {os.path.realpath(os.path.dirname(os.path.abspath(__file__))),  # the folder named, and the
+           os.path.dirname(os.path.realpath(__file__))}  # real file's, which Python uses for a symlinked script
 
     def kept(index, entry):
         if not isinstance(entry, str):
@@ -64,9 +65,9 @@ def _drop_working_dir(path, how):
         if not entry or not os.path.isabs(entry):
             return False
         real = os.path.realpath(entry)
-        if how == "module" and real == own:
+        if how == "module" and real in own:
             return True
-        if how == "script" and index == 0 and real == own:
+        if how == "script" and index == 0 and real in own:
             return False
         return real != cwd
 
@@ -102,7 +103,7 @@ LAZY_IMPORTS = {
     "uuid": "a publish's idempotency key",
     "ipaddress": "telling whether a plain-http base is a loopback address",
     "subprocess": "starting the scrub worker (~9 ms)",
-    "ctypes": "glibc's malloc_trim after a multi-megabyte call (performance section)",
+    "ctypes": "glibc's malloc_trim after the first answer and a multi-megabyte call (performance section)",
     "importlib.util": "whether the a4sx SDK is installed (without importing it)",
     "importlib.metadata": "the a4sx SDK's version, for --check (~40 ms)",
     "a4sx.config": "the SDK's paths, origin rule and private-file writer for its taint records",
@@ -176,7 +177,9 @@ SECRET_ENVIRONMENT = ("A4SX_SESSION",)  # read when a token is needed, never kep
 
 # EVERY file this process reads (besides its own source, for --version), in the config directory.
 FILES = (
-    ("config.json", "the server of the last `a4sx login` (then amdx.json, the older script's)", "start-up"),
+    ("config.json", "the server of the last `a4sx login`; ignored if another user owns or could write it",
+     "start-up"),
+    ("amdx.json", "the older script's server, when there is no config.json; same rule", "start-up, token calls"),
     ("credentials.json", "the tokens, {server: token}; refused unless yours and not group/other-writable",
      "each call that needs a token"),
     ("session", "the older script's token, for amdx.json's server only; same checks", "each call that needs a token"),
@@ -258,10 +261,23 @@ def _read_json(path):
         return None
 
 
+def _read_config(path):
+    """A config file that names a server (``config.json``, ``amdx.json``), or None. On POSIX one that
+    another user owns or could write is ignored like an absent one: it would choose where a token
+    goes (``--check`` reports the problem)."""
+    if os.name == "posix":
+        try:
+            if _trust_problem(path, os.stat(path), "600"):
+                return None
+        except OSError:
+            return None
+    return _read_json(path)
+
+
 def _stored_base(folder):
     """The stored server: ``config.json`` (the CLI), else ``amdx.json`` (the older standalone script)."""
     for name in ("config.json", "amdx.json"):
-        data = _read_json(os.path.join(folder, name))
+        data = _read_config(os.path.join(folder, name))
         if isinstance(data, dict):
             return data.get("base")
     return None
@@ -351,12 +367,14 @@ def read_private(path):
 
 
 def _legacy_origin(folder):
-    data = _read_json(os.path.join(folder, "amdx.json"))
+    """The server the older script's ``session`` token was issued by: ``amdx.json``'s base (the
+    public server when it names none); None when that base is unusable, so the token goes nowhere."""
+    data = _read_config(os.path.join(folder, "amdx.json"))
     base = data.get("base") if isinstance(data, dict) else None
     try:
         return normalize_base(base) if isinstance(base, str) and base.strip() else PUBLIC_BASE
     except ValueError:
-        return PUBLIC_BASE
+        return None
 
 
 class Settings:
@@ -462,8 +480,8 @@ REDIRECT_STATUSES = (301, 302, 303, 307, 308)
 # The shape check: the most json.loads allocates per structural byte on 64-bit CPython (an empty
 # dict 80, a list 72, a string's header and pointer 2 x 30, a number and its pointer 40, a dict
 # slot 56), measured with tracemalloc on the worst shapes ([{},{},...], [1000,...], {"k1":1,...}).
-# Beside that structure, the decoded text and the strings' contents are counted at the text's
-# width each (no parsed string is wider than the text: 1, 2 or 4 bytes a character). An answer
+# Beside that structure, the decoded text and the strings' contents are counted (``strings_bound``:
+# at the text's width, 1, 2 or 4 bytes a character, or 4 when \u escapes could widen a string). An answer
 # whose estimate exceeds PARSE_BUDGET x its bytes is refused, so no answer makes memory grow more
 # than PARSE_BUDGET x its own size. Real listings estimate ~8x (ASCII) to ~14x (one emoji makes the
 # whole text 4 bytes a character); [{},{},...] estimates 40x.
@@ -626,8 +644,12 @@ class Api:
             watch = self._watch(conn, deadline, limit_s, cancel)
             try:
                 try:
-                    conn.request(method, target, body=data, headers=headers)
+                    if conn.sock is None:
+                        conn.connect()  # connect and TLS first: a call that ended meanwhile sends nothing
                     if watch[2]:  # ended while connecting, before there was a socket to shut
+                        raise NetworkError(watch[2])
+                    conn.request(method, target, body=data, headers=headers)
+                    if watch[2]:
                         raise NetworkError(watch[2])
                     _read_timeout(conn, deadline)
                     resp = conn.getresponse()
@@ -791,18 +813,27 @@ def _parse(held):
     if not size:
         return {}
     cost = _parse_cost(payload)
+    payload_had_escapes = b"\\u" in payload
     try:
         text = payload.decode("utf-8")
     except ValueError:
         return {}
     del payload  # a large bundle is held once, not twice, while it is parsed
-    if 2 * sys.getsizeof(text) + cost > PARSE_BUDGET * size + 64 * KiB:  # the text, and strings as wide
+    if sys.getsizeof(text) + strings_bound(text, payload_had_escapes) + cost > PARSE_BUDGET * size + 64 * KiB:
         raise NetworkError("the answer's shape was refused: %d bytes that would parse into more than %d times "
                            "that" % (size, PARSE_BUDGET))
     try:
         return json.loads(text)
     except (ValueError, RecursionError):
         return {}
+
+
+def strings_bound(text, escapes):
+    """The most the parsed strings' characters can take: the text's characters at its own width (no
+    string is wider than the text it comes from), or at 4 bytes when ``\\u`` escapes could spell
+    wider characters than the text holds (a surrogate pair in ASCII text makes a 4-byte string)."""
+    width = 4 if escapes else (sys.getsizeof(text) - sys.getsizeof(text[:0])) // max(len(text), 1)
+    return width * len(text)
 
 
 def _parse_cost(payload):
@@ -1240,8 +1271,10 @@ def check_transcript(data):
         if not isinstance(record.get("type"), str):
             return "line %d has no string \"type\"" % number
         if record["type"] not in TRANSCRIPT_TYPES:
+            if not re.fullmatch(r"[A-Za-z0-9_.:-]+", record["type"]):  # shown only when it is a plain name
+                return "line %d has a record type that no supported harness writes" % number
             return "line %d has record type %s, which no supported harness writes" % (
-                number, json.dumps(one_line(record["type"], 40)))
+                number, json.dumps(clip(record["type"], 40)))
         if first is None:
             first = record
         if (record["type"] in ("user", "assistant") and isinstance(record.get("message"), dict)
@@ -1579,8 +1612,10 @@ def scrub_worker_main():
         stdout.flush()
 
 
-# What the worker inherits: only what Python needs to start and find the SDK (never the token, the
-# a4sx settings or anything else; it needs no network and no configuration).
+# What the worker inherits: only what Python needs to start and find the SDK, its search paths
+# (PYTHONPATH, PYTHONHOME, library paths) included; never the token, the a4sx settings or anything
+# else: it needs no network and no configuration. It runs this file as it is on disk when the first
+# large publish starts it.
 WORKER_ENV = ("PATH", "HOME", "USERPROFILE", "SYSTEMROOT", "SYSTEMDRIVE", "TMPDIR", "TEMP", "TMP", "LANG", "LC_ALL",
               "LC_CTYPE", "LD_LIBRARY_PATH", "DYLD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE",
               "PYTHONNOUSERSITE", "PYTHONSAFEPATH", "PYTHONUTF8", "PYTHONIOENCODING", "PYTHONDONTWRITEBYTECODE",
@@ -1904,6 +1939,7 @@ def validate(schema, value, path):
         props = schema.get("properties", {})
         for key in value:
             if key not in props:
+                key = one_line(_str(key), 64)
                 return "%s: unknown property" % key if path == "arguments" else "%s.%s: unknown property" % (path, key)
         for key in schema.get("required", ()):
             if key not in value:
@@ -2193,7 +2229,7 @@ def tool_search_sessions(ctx, args):
                   "next_offset": next_offset if isinstance(next_offset, int) and not isinstance(next_offset, bool)
                   and next_offset >= 0 else None,
                   "items": [public_row(ctx.settings, item) for item in items]}
-        untrusted = False
+        untrusted = True  # marketplace listings are other authors' words: the CAUTION applies
     text, structured = framed_json(result, untrusted, rows="items", offset=offset)
     return Result(text, structured)
 
@@ -2228,7 +2264,7 @@ def tool_get_session_summary(ctx, args):
         "author_claims": item.get("author_claims"), "created_at": item.get("created_at"),
         "deprecated": item.get("deprecated") is True,
     })
-    text, structured = framed_json(result, False, caps=SUMMARY_CAPS)
+    text, structured = framed_json(result, True, caps=SUMMARY_CAPS)  # a marketplace listing: another author's
     return Result(text, structured)
 
 
@@ -2408,7 +2444,11 @@ def tool_publish_session(ctx, args):
     parent = parent_row = None
     if args.get("parent"):
         parent_row = resolve_parent(rows, args["parent"])
-        parent = _str(parent_row["id"]) if parent_row else args["parent"]
+        if parent_row is None and "@" in args["parent"]:  # cid@version: the version's entry
+            parent_row = next((row for row in rows if row.get("id") == args["parent"].rsplit("@", 1)[0]), None)
+            parent = args["parent"]
+        else:
+            parent = _str(parent_row["id"]) if parent_row else args["parent"]
     elif lineage.get("parent_cid"):
         parent = _str(lineage["parent_cid"])
         parent_row = next((row for row in rows if row.get("id") == parent), None)
@@ -2460,7 +2500,13 @@ def tool_publish_session(ctx, args):
                         "Call publish_session again with the same transcript and idempotency_key %s: a stored "
                         "upload is returned, not saved twice." % headers["Idempotency-Key"],
                         idempotency_key=headers["Idempotency-Key"], status=status)
-    # the entry the version went into (by label) may already hold another author's content
+    # the entry the version went into (by label, or deduplicated into) may hold another author's content
+    if body.get("deduped") is True and not rows:
+        try:
+            rows = ctx.library()
+        except ToolError:
+            log("warning", "could not list the library to check a deduplicated entry")
+        untrusted_of = rows_untrusted(rows, base)
     untrusted = untrusted or any(row.get("id") == collection and untrusted_of(row) for row in rows)
     if untrusted:
         try:
@@ -2531,7 +2577,12 @@ RESOURCE_PAGE = 50
 LIBRARY_TTL_MS = 30 * 1000  # how long a client may keep a list or read derived from the user's library
 LIBRARY_CACHE_S = 15.0  # completions ask on every keystroke: one library listing serves them briefly
 MAX_COMPLETIONS = 100
-_ID_LIKE = _pattern(ID_SCHEMA["pattern"])
+_ID_PATTERN = _pattern(ID_SCHEMA["pattern"])
+
+
+def id_like(value, cap=ID_SCHEMA["maxLength"]):
+    """A string a tool accepts as an id (the schema's pattern and length): a name, never prose."""
+    return isinstance(value, str) and len(value) <= cap and bool(_ID_PATTERN.search(value))
 
 RESOURCE_TEMPLATES = [
     {"uriTemplate": LIBRARY_URI + "{id}", "name": "library-session", "title": "a4sx library session",
@@ -2638,7 +2689,7 @@ def resource_of(row, version):
     and described by a fixed text: clients show resource lists to the model without an envelope, so
     no title or description an author wrote goes into one (reading the resource frames them)."""
     label = row.get("label")
-    name = label if isinstance(label, str) and len(label) <= FIELD_CAPS["label"] and _ID_LIKE.search(label) else row["id"]
+    name = label if id_like(label, FIELD_CAPS["label"]) else row["id"]
     resource = {"uri": library_uri(row["id"]), "name": name, "mimeType": "text/markdown",
                 "description": RESOURCE_DESCRIPTION}
     if version >= "2025-06-18":
@@ -2661,7 +2712,7 @@ def list_resources(ctx, cursor, version):
         rows = ctx.server.library_cache.rows_for(ctx, fresh=cursor is None)
     except ToolError as err:
         raise _feature_error(err)
-    rows = [row for row in rows if isinstance(row.get("id"), str) and _ID_LIKE.search(row["id"])]
+    rows = [row for row in rows if id_like(row.get("id"))]
     page = rows[offset: offset + RESOURCE_PAGE]
     result = {"resources": [resource_of(row, version) for row in page]}
     if offset + RESOURCE_PAGE < len(rows):
@@ -2806,7 +2857,7 @@ def library_values(ctx, fields):
     for field in fields:
         for row in rows:
             value = row.get(field)
-            if isinstance(value, str) and value not in seen and _ID_LIKE.search(value):
+            if id_like(value) and value not in seen:
                 seen.add(value)
                 out.append(value)
     return out
@@ -2961,6 +3012,8 @@ class Pool:
                 continue
             try:
                 fn()
+            except Exception:  # noqa: BLE001 - the task answers for itself; the worker goes on
+                log("warning", "a worker task failed")
             finally:
                 fn = None  # not kept alive (with its arguments: a transcript) until the next task
                 with self.lock:
@@ -3064,13 +3117,14 @@ class Server:
         except RpcError as err:
             reply(rpc_error(msg_id, err.code, err.message, err.data))
         except Exception:  # noqa: BLE001 - one bad request never ends the process
-            log("warning", "internal error in %s" % method[:40])
+            log("warning", "internal error in %s" % one_line(method, 40))
             reply(rpc_error(msg_id, -32603, "Internal error"))
         if not self.warmed:
             self.warm_up()
 
     def warm_up(self):
-        """After the first answer went out: the network modules and TLS context, in the background."""
+        """After the first answer went out: the network modules, the TLS context and a heap trim, in
+        the background (``warm_network``)."""
         self.warmed = True
         threading.Thread(target=warm_network, args=(self.api,), name="a4sx-warm", daemon=True).start()
 
@@ -3103,7 +3157,7 @@ class Server:
         if method == "ping":
             return reply({"jsonrpc": "2.0", "id": msg_id, "result": {}})
         if method not in KNOWN_METHODS:
-            raise RpcError(-32601, "Method not found: %s" % method[:100])
+            raise RpcError(-32601, "Method not found: %s" % one_line(method, 100))
         if self.legacy_version is None:
             raise RpcError(-32602, "Missing required _meta: %s, %s (or send initialize first)"
                            % (META_VERSION, META_CAPABILITIES))
@@ -3117,11 +3171,11 @@ class Server:
             raise RpcError(-32602, "Invalid params: _meta %s must be a string" % META_VERSION)
         if requested not in MODERN_VERSIONS:
             raise RpcError(-32022, "Unsupported protocol version",
-                           {"supported": list(MODERN_VERSIONS), "requested": requested})
+                           {"supported": list(MODERN_VERSIONS), "requested": one_line(requested, 100)})
         if not isinstance(meta.get(META_CAPABILITIES), dict):
             raise RpcError(-32602, "Missing required _meta: %s" % META_CAPABILITIES)
         if method in REMOVED_IN_MODERN or method not in KNOWN_METHODS:
-            raise RpcError(-32601, "Method not found: %s" % method[:100])
+            raise RpcError(-32601, "Method not found: %s" % one_line(method, 100))
 
         def modern_reply(response):
             if response is not None and "result" in response:
@@ -3156,7 +3210,7 @@ class Server:
         if not isinstance(name, str):
             raise RpcError(-32602, "Invalid params: tools/call needs a tool name")
         if name not in TOOLS_BY_NAME:
-            raise RpcError(-32602, "Unknown tool: %s" % name[:100])
+            raise RpcError(-32602, "Unknown tool: %s" % one_line(name, 100))
         self.start_call(msg_id, name, params, version, reply)
 
     # --- resources, prompts, completions --------------------------------------------------------
@@ -3464,6 +3518,15 @@ def run_check(settings):
         token = None
         out.append("sign-in:    refused (another user could have written it)")
         fixes.append(str(err))
+    if os.name == "posix":
+        for name in ("config.json", "amdx.json"):
+            path = os.path.join(settings.config_dir, name)
+            try:
+                problem = _trust_problem(path, os.stat(path), "600")
+            except OSError:
+                problem = None
+            if problem:
+                fixes.append("%s (it is ignored until then)" % problem)
     out.append("tls:        %s" % ("trusts " + trust_store() if settings.base.startswith("https:")
                                    else "not used (plain http, allowed to this machine only)"))
     api = Api(settings)
@@ -3502,7 +3565,7 @@ def run_check(settings):
                % (per_min(settings.per_min), per_min(settings.acquire_per_min), per_min(settings.publish_per_min),
                   settings.max_publish_bytes))
     out.append("config dir: %s" % settings.config_dir)
-    out.append("reads:      these variables (set or not set; values are not shown):")
+    out.append("reads:      these variables (set or not set; their values are shown only above, never a token's):")
     out += ["  %-34s %-8s %s" % (name, "set" if environment()[name] else "not set", what) for name, what in ENVIRONMENT]
     out.append("            and these files in the config dir:")
     out += ["  %-34s %s; read at %s" % (name, what, when) for name, what, when in FILES]
@@ -3632,17 +3695,20 @@ def row_cost(row):
 def warm_network(api):
     """Run while the client is idle after the handshake: what the first call to an https server
     would otherwise pay for (network modules, the TLS context: ~8 MiB, ~50 ms of CPU with a system
-    bundle). Plain http (loopback only: tests, demos) loads them at its first call. Sends nothing."""
+    bundle). Plain http (loopback only: tests, demos) loads them at its first call. Sends nothing.
+    Then the heap is trimmed: compiling this file from source (a copied file, or no writable
+    bytecode cache) leaves ~7 MiB that glibc would otherwise keep for the life of the process."""
     if api.tls:
         lazy("http.client")
         ssl_context()
+    release_memory()
 
 
 _libc = None
 
 
 def _glibc():
-    """glibc through ctypes, loaded on the first large call only (never at start-up)."""
+    """glibc through ctypes, loaded after the first answer (``warm_network``), never before it."""
     global _libc
     if _libc is None and sys.platform.startswith("linux"):
         try:
