@@ -218,6 +218,8 @@ def normalize_base(value):
     token never travels in clear text; path, query, trailing slash and default ports are dropped.
     """
     raw = (value or "").strip() or PUBLIC_BASE
+    if any(char.isspace() or ord(char) < 32 for char in raw):  # "localhost evil.example" is no host
+        raise ValueError("whitespace or a control character in base URL %r" % value)
     if "://" not in raw:
         host_part = raw.split("/", 1)[0]
         raw = ("http://" if _is_loopback(urlsplit("//" + host_part).hostname) else "https://") + raw
