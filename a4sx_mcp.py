@@ -173,7 +173,6 @@ ENVIRONMENT = (
     ("SSL_CERT_FILE", "read by OpenSSL too: a CA bundle trusted instead of the system store"),
     ("SSL_CERT_DIR", "read by OpenSSL too: a CA directory trusted instead of the system store"),
 )
-SECRET_ENVIRONMENT = ("A4SX_SESSION",)  # read when a token is needed, never kept in Settings
 
 # EVERY file this process reads (besides its own source, for --version), in the config directory.
 FILES = (
@@ -263,17 +262,22 @@ def _read_json(path):
         return None
 
 
+def path_problem(path, mode):
+    """Why the config directory (``mode`` "700") or a config file that names a server ("600") must
+    not be trusted, or None (also None when it does not exist, and off POSIX): ``_trust_problem``."""
+    if os.name != "posix":
+        return None
+    try:
+        return _trust_problem(path, os.stat(path), mode)
+    except OSError:
+        return None
+
+
 def _read_config(path):
-    """A config file that names a server (``config.json``, ``amdx.json``), or None. On POSIX one that
-    another user owns or could write is ignored like an absent one: it would choose where a token
-    goes (``--check`` reports the problem)."""
-    if os.name == "posix":
-        try:
-            if _trust_problem(path, os.stat(path), "600"):
-                return None
-        except OSError:
-            return None
-    return _read_json(path)
+    """A config file that names a server (``config.json``, ``amdx.json``), or None: one with a
+    ``path_problem`` is ignored like an absent one, since it would choose where a token goes
+    (``--check`` reports the problem)."""
+    return None if path_problem(path, "600") else _read_json(path)
 
 
 def _stored_base(folder):
@@ -322,20 +326,10 @@ def _trust_problem(path, status, mode):
     return None
 
 
-def config_dir_problem(folder):
-    """Why the config directory must not be trusted, or None (also None when it does not exist)."""
-    if os.name != "posix":
-        return None
-    try:
-        return _trust_problem(folder, os.stat(folder), "700")
-    except OSError:
-        return None
-
-
 def read_private(path):
     """A token file's text, or None when there is none. Like ssh, refuses (``ConfigUntrusted``) a
     file owned by another user or writable by group or others (its directory is checked first, by
-    ``config_dir_problem``). A file readable by others goes back to 0600 (as the SDK does) through its
+    ``path_problem``). A file readable by others goes back to 0600 (as the SDK does) through its
     own descriptor, opened without following a symlink; a symlinked one is never changed, so it is
     refused until fixed by hand."""
     if os.name != "posix":
@@ -385,8 +379,7 @@ class Settings:
     needs one, so a fresh ``a4sx login`` works without a restart. Holds no token."""
 
     def __init__(self, base_flag=None):
-        env = environment()
-        self.env = {name: value for name, value in env.items() if name not in SECRET_ENVIRONMENT}
+        env = environment()  # not kept: it holds $A4SX_SESSION
         self.config_dir = config_dir(env)
         self.base, self.base_source = resolve_base(base_flag, env)
         self.per_min = _int_setting(env, "A4SX_MCP_PER_MIN", 240)
@@ -414,7 +407,7 @@ class Settings:
                 env_origin = None
             if origin == env_origin:
                 return env["A4SX_SESSION"], "A4SX_SESSION"
-        problem = config_dir_problem(self.config_dir)
+        problem = path_problem(self.config_dir, "700")
         if problem:
             raise ConfigUntrusted(problem)
         try:
@@ -2107,15 +2100,21 @@ class ToolContext:
             raise not_signed_in(self.settings)
         return token
 
-    def request(self, route, params=None, ok=(200,), **kw):
-        """A request of ``route`` whose non-``ok`` answers become the mapped ToolError (``ok=None``:
-        any status is returned)."""
+    def send(self, route, params=None, **kw):
+        """``Api.send`` with this call's cancel flag, the sign-in problems as their ToolErrors;
+        ``NetworkError`` passes (a caller that retries needs it as is)."""
         try:
-            status, body = self.api.send(route, params, cancel=self.cancel, **kw)
+            return self.api.send(route, params, cancel=self.cancel, **kw)
         except SignedOut:
             raise not_signed_in(self.settings) from None
         except ConfigUntrusted as err:
             raise config_untrusted(err) from None
+
+    def request(self, route, params=None, ok=(200,), **kw):
+        """A request of ``route`` whose non-``ok`` answers become the mapped ToolError (``ok=None``:
+        any status is returned)."""
+        try:
+            status, body = self.send(route, params, **kw)
         except NetworkError as err:
             raise network_error(self.settings, err)
         if ok is not None and status not in ok:
@@ -2295,7 +2294,7 @@ def tool_acquire_session(ctx, args):
         member = details.get("member")
         listing = None
         try:
-            item_status, item_body = ctx.api.send("listing", {"id": sid, "t": tenant}, cancel=ctx.cancel)
+            item_status, item_body = ctx.send("listing", {"id": sid, "t": tenant})
             if item_status == 200 and isinstance(item_body, dict) and isinstance(item_body.get("item"), dict):
                 listing = item_body["item"]
         except NetworkError:
@@ -2467,13 +2466,9 @@ def tool_publish_session(ctx, args):
             raise Cancelled()  # a safe point: the upload has not started
         ctx.progress("uploading (attempt %d)" % (attempt + 1))
         try:
-            status, body = ctx.api.send("push", params, data=upload, headers=headers,
-                                         deadline_s=upload_timeout(len(upload), ctx.settings.upload_timeout_s), cancel=ctx.cancel)
+            status, body = ctx.send("push", params, data=upload, headers=headers,
+                                    deadline_s=upload_timeout(len(upload), ctx.settings.upload_timeout_s))
             failure = None
-        except SignedOut:
-            raise not_signed_in(ctx.settings) from None
-        except ConfigUntrusted as err:
-            raise config_untrusted(err) from None
         except NetworkError as err:
             status, body, failure = 0, {}, err
         if status == 404 and not ensured_again:  # the library this process provisioned is gone
@@ -3520,15 +3515,10 @@ def run_check(settings):
         token = None
         out.append("sign-in:    refused (another user could have written it)")
         fixes.append(str(err))
-    if os.name == "posix":
-        for name in ("config.json", "amdx.json"):
-            path = os.path.join(settings.config_dir, name)
-            try:
-                problem = _trust_problem(path, os.stat(path), "600")
-            except OSError:
-                problem = None
-            if problem:
-                fixes.append("%s (it is ignored until then)" % problem)
+    for name in ("config.json", "amdx.json"):
+        problem = path_problem(os.path.join(settings.config_dir, name), "600")
+        if problem:
+            fixes.append("%s (it is ignored until then)" % problem)
     out.append("tls:        %s" % ("trusts " + trust_store() if settings.base.startswith("https:")
                                    else "not used (plain http, allowed to this machine only)"))
     api = Api(settings)
@@ -3568,7 +3558,8 @@ def run_check(settings):
                   settings.max_publish_bytes))
     out.append("config dir: %s" % settings.config_dir)
     out.append("reads:      these variables (set or not set; their values are shown only above, never a token's):")
-    out += ["  %-34s %-8s %s" % (name, "set" if environment()[name] else "not set", what) for name, what in ENVIRONMENT]
+    env = environment()
+    out += ["  %-34s %-8s %s" % (name, "set" if env[name] else "not set", what) for name, what in ENVIRONMENT]
     out.append("            and these files in the config dir:")
     out += ["  %-34s %s; read at %s" % (name, what, when) for name, what, when in FILES]
     out.append("log level:  %s (stderr)" % settings.log_level)

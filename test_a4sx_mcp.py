@@ -731,9 +731,8 @@ def test_every_environment_variable_read_is_in_the_table():
 
 def test_check_lists_what_it_reads_without_values(tmp_path):
     secret = "ge_sess_" + secrets.token_hex(20)
-    env = dict(os.environ, A4SX_CONFIG_DIR=str(tmp_path), A4SX_SESSION=secret, A4SX_MCP_LOG="info")
-    done = subprocess.run([sys.executable, SERVER, "--check", "--base", "http://127.0.0.1:9"], capture_output=True,
-                          text=True, timeout=30, env=env)
+    done = run_check("http://127.0.0.1:9", {"A4SX_CONFIG_DIR": str(tmp_path), "A4SX_SESSION": secret,
+                                            "A4SX_MCP_LOG": "info"})
     for name, _ in a4sx_mcp.ENVIRONMENT:
         assert re.search(r"^  %s +(set|not set) " % name, done.stdout, re.M), name
     assert re.search(r"^  A4SX_SESSION +set ", done.stdout, re.M) and secret not in done.stdout + done.stderr
@@ -772,8 +771,7 @@ def test_config_files_that_choose_the_server_are_trusted_like_the_token_files(en
     for mode, chosen in ((0o600, True), (0o644, True), (0o620, False), (0o602, False)):
         os.chmod(env["cfg"] / "config.json", mode)
         assert (a4sx_mcp.resolve_base() == ("https://chosen.example", "config.json")) is chosen, oct(mode)
-    done = subprocess.run([sys.executable, SERVER, "--check", "--base", "http://127.0.0.1:9"], capture_output=True,
-                          text=True, timeout=30)
+    done = run_check("http://127.0.0.1:9")
     assert "config.json is writable by group or others" in done.stdout and "ignored until then" in done.stdout
 
 
@@ -1089,7 +1087,7 @@ def test_base_origin_edge_cases_and_exact_refusals():
 
 def test_read_private_off_posix_reads_the_file_without_the_permission_checks(tmp_path, monkeypatch):
     """read_private's non-POSIX branch (Windows: no owner/mode checks, plain UTF-8 read) and
-    config_dir_problem's early None, reached in-process by faking os.name (dead code on POSIX)."""
+    path_problem's early None, reached in-process by faking os.name (dead code on POSIX)."""
     path = tmp_path / "session"
     path.write_text("tok\u00e9n\n", encoding="utf-8")
     os.chmod(path, 0o666)
@@ -1097,7 +1095,7 @@ def test_read_private_off_posix_reads_the_file_without_the_permission_checks(tmp
     try:
         assert a4sx_mcp.read_private(str(path)) == "tok\u00e9n\n"
         assert a4sx_mcp.read_private(str(tmp_path / "missing")) is None
-        assert a4sx_mcp.config_dir_problem(str(tmp_path)) is None
+        assert a4sx_mcp.path_problem(str(tmp_path), "700") is None
     finally:
         monkeypatch.undo()
     assert oct(path.stat().st_mode & 0o777) == "0o666"  # untouched off POSIX
