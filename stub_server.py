@@ -514,7 +514,7 @@ class Stub:
             return status, copy.deepcopy(answer)
         label, title = query.get("label") or None, query.get("title") or None
         first = _first_record(body)
-        harness = "claude-code" if isinstance(first, dict) and "sessionId" in first else "codex-cli"
+        harness = "codex-cli" if isinstance(first, dict) and first.get("type") == "session_meta" else "claude-code"
         parent = None
         if query.get("parent"):
             pc, at, pv = query["parent"].rpartition("@")
@@ -587,7 +587,7 @@ def _demo_claude_transcript(session_id):
 
 def _demo_codex_files():
     """A Codex CLI session: its native rollout plus the harness-neutral canonical form."""
-    native = [
+    native = [{"timestamp": "2026-11-02T09:00:0%dZ" % i, "ordinal": i, **record} for i, record in enumerate([
         {"type": "session_meta", "payload": {"id": str(uuid.uuid4()), "cli_version": "0.130.2", "cwd": "/tmp/demo"}},
         {"type": "response_item", "payload": {"type": "message", "role": "user",
                                               "content": [{"type": "input_text", "text": "Why does CI fail on lint?"}]}},
@@ -597,7 +597,7 @@ def _demo_codex_files():
                                               "output": "src/util.py:4:1: F401 'os' imported but unused"}},
         {"type": "response_item", "payload": {"type": "message", "role": "assistant", "content": [
             {"type": "output_text", "text": "An unused import in src/util.py; removing it fixes the lint job."}]}},
-    ]
+    ])]
     turns = [
         {"role": "user", "content": [{"type": "text", "text": "Why does CI fail on lint?"}]},
         {"role": "assistant", "content": [{"type": "tool_call", "name": "shell",

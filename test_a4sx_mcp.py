@@ -33,7 +33,9 @@ from stub_server import Stub, bundle, canonical_doc, claude_jsonl, claude_record
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SERVER = os.path.join(HERE, "a4sx_mcp.py")
-TOOL_NAMES = ["search_sessions", "get_session_summary", "acquire_session", "fetch_session_context", "publish_session"]
+TESTDATA = pathlib.Path(HERE) / "testdata"  # real transcripts the clients wrote (README-*.txt there)
+HOSTED_TOOLS = ["search_sessions", "get_session_summary", "acquire_session", "fetch_session_context", "publish_session"]
+TOOL_NAMES = HOSTED_TOOLS + ["publish_local_session"]  # the five of the hosted server, then the local one
 LEGACY = ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"]
 MODERN = "2026-07-28"
 MODERN_META = {"io.modelcontextprotocol/protocolVersion": MODERN,
@@ -119,6 +121,8 @@ def env(tmp_path, monkeypatch, guard_dir):
     monkeypatch.setenv("TEST_OFFLINE_GUARD_LOG", str(guard_log))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([guard_dir, HERE]))
     monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    for key in ("CLAUDE_CONFIG_DIR", "CLAUDE_CODE_SESSION_ID", "CLAUDE_PROJECT_DIR", "CODEX_HOME"):
+        monkeypatch.delenv(key, raising=False)  # the suite may run inside an agent: not its sessions
     yield {"home": home, "cfg": cfg}
     violations = guard_log.read_text() if guard_log.exists() else ""
     assert violations == "", "network access outside loopback: " + violations
@@ -273,7 +277,8 @@ SERVER_FIELDS_OF = {"search_sessions": {"scope", "total", "next_offset"}, "get_s
                     "acquire_session": {"status", "next"},
                     "fetch_session_context": {"status", "source", "max_tokens", "approx_tokens", "truncated",
                                               "turns_total", "turns_included"},
-                    "publish_session": {"status", "visibility", "deduped", "next"}}
+                    "publish_session": {"status", "visibility", "deduped", "next"},
+                    "publish_local_session": {"status", "visibility", "deduped", "next"}}
 
 
 def check_output_schema(tool, structured, is_error=False):
@@ -2978,7 +2983,7 @@ def test_publish_scrubs_and_saves_privately(mcp, stub, token):
 
 
 def test_publish_codex_transcript_and_the_caller_key(mcp, stub, token):
-    codex = write_transcript([{"type": "session_meta", "payload": {"id": "c"}}, {"type": "response_item"}])
+    codex = (TESTDATA / "codex-0.169.0-plain.jsonl").read_text()  # a real rollout
     structured, _, is_error = mcp.tool("publish_session", {"transcript": codex, "idempotency_key": "my-key-1"})
     assert not is_error
     assert stub.requests("POST /library/push")[0]["headers"]["idempotency-key"] == "my-key-1"
@@ -3003,9 +3008,9 @@ def test_publish_checks_run_in_order_and_send_nothing(spawn, stub, env):
     structured, text, _ = proc.tool("publish_session", {"transcript": small + "not json\n", "content_sha256":
                                                         hashlib.sha256((small + "not json\n").encode()).hexdigest()})
     assert structured["error"] == "not_a_transcript" and "line 7" in text
-    for bad, where in (('{"type": "user"}\n[]\n', "line 2"), ('{"no": "type"}\n', "line 1"),
-                       ('{"type": "user", "message": {}}\n', "no Claude Code turn"),
-                       ('{"type": "response_item"}\n{"type": "session_meta", "payload": {}}\n', "no Claude Code"),
+    for bad, where in (('{"type": "user", "sessionId": "s"}\n[]\n', "line 2"), ('{"no": "type"}\n', "line 1"),
+                       ('{"type": "user", "message": {}, "sessionId": "s"}\n{"type": "x"}\n', "line 2"),
+                       ('{"type": "last-prompt", "sessionId": "s"}\n', "no Claude Code turn"),
                        ('\n\n  \n', "no records")):
         structured, text, _ = proc.tool("publish_session", {"transcript": bad})
         assert structured["error"] == "not_a_transcript" and where in text, (bad, text)
@@ -3181,36 +3186,84 @@ def test_publish_keeps_the_taint_of_another_authors_content(spawn, stub, token, 
     assert marked() == before
 
 
-def test_publish_accepts_only_record_types_the_harness_writes(mcp, stub, token):
-    """Issue 11, finding 2: one real turn does not carry arbitrary records with it."""
+REAL_TRANSCRIPTS = sorted(TESTDATA.glob("*.jsonl"))
+
+
+def test_the_testdata_are_real_transcripts_of_every_client_version():
+    """The files the transcript rule is derived from and tested on: Claude Code from 1.0 (which
+    wrote session-less summary records) to 2.1.332, and Codex CLI 0.169.0 (testdata/README-*.txt)."""
+    names = [p.name for p in REAL_TRANSCRIPTS]
+    for version in ("1.0.128", "2.0.77", "2.1.328", "2.1.332"):
+        assert any(n.startswith("claude-code-%s-" % version) for n in names), version
+    assert any(n.startswith("codex-0.169.0-") for n in names)
+    described = (TESTDATA / "README-claude-code.txt").read_text() + (TESTDATA / "README-codex.txt").read_text()
+    assert all(name in described for name in names)
+    types = set()
+    for path in REAL_TRANSCRIPTS:
+        types |= {json.loads(line)["type"] for line in path.read_bytes().splitlines() if line.strip()}
+    # what the issue saw refused: every one of these is in a real file here
+    assert {"attachment", "last-prompt", "atis-latch", "api-request", "api-request-blob", "api-request-shape",
+            "tools-used", "cost-state", "queue-operation", "summary", "mode", "world_state",
+            "token_usage_record"} <= types, sorted(types)
+
+
+@pytest.mark.parametrize("path", REAL_TRANSCRIPTS, ids=[p.name for p in REAL_TRANSCRIPTS])
+def test_publish_accepts_the_real_transcripts(mcp, stub, token, path):
+    data = path.read_bytes()
+    assert a4sx_mcp.check_transcript(data) is None
+    saved, _, is_error = mcp.tool("publish_session", {"transcript": data.decode()})
+    assert not is_error and saved["status"] == "saved", saved
+    assert stub.pushes[-1]["body"] == a4sx_scrubbed(data)
+    # another author's content that this server framed, as each client stores it, is found
+    framed = b"<<<A4SX_UNTRUSTED_SESSION nonce=" in data and a4sx_mcp.OTHER_AUTHOR_CAUTION.encode() in data
+    assert saved["untrusted"] is framed, path.name
+
+
+def a4sx_scrubbed(data):
+    from a4sx import scrub
+    return scrub.scrub_bytes(data, mode="full")[0]
+
+
+def _real_lines(name):
+    return [json.loads(line) for line in (TESTDATA / name).read_bytes().splitlines() if line.strip()]
+
+
+def test_publish_refuses_records_that_are_not_the_harness_s(mcp, stub, token):
+    """The rule (section 4): each harness's envelope on every line, not a list of types. A real
+    transcript with one record changed is refused at that line; made-up records cannot carry a file."""
     passwd = "root:x:0:0:root:/root:/bin/bash"
-    turn = claude_record("user", "hi", session_id="t-1")
-    for records, where in (([turn, {"type": "x", "line": passwd}], 'line 2 has record type "x"'),
-                           ([{"type": "passwd", "text": passwd}, turn], 'line 1 has record type "passwd"'),
-                           ([turn, {"type": "User", "message": {}}], 'line 2 has record type "User"'),
-                           ([{"type": "session_meta", "payload": {}}, {"type": "file", "data": passwd}],
-                            'line 2 has record type "file"')):
+    claude = _real_lines("claude-code-2.1.332-plain.jsonl")
+    codex = _real_lines("codex-0.169.0-plain.jsonl")
+    sid = claude[0]["sessionId"]
+    n = len(claude) + 1
+    cases = [
+        (claude + [{"type": "file", "content": passwd}],
+         'line %d (record type "file") has no sessionId (every Claude Code record of a session carries it)' % n),
+        (claude + [{"type": "user", "sessionId": "", "message": {}}], 'line %d (record type "user") has no sessionId' % n),
+        (claude + [dict(claude[1], sessionId="another-session")],
+         'line %d (record type "%s") belongs to another session (its sessionId differs)' % (n, claude[1]["type"])),
+        (claude + [{"type": "summary", "summary": "s", "leafUuid": "u", "content": passwd}],
+         'line %d (record type "summary") holds fields a summary record does not have' % n),
+        ([{"type": "x-file", "sessionId": sid, "data": passwd}] + claude[:0], "no Claude Code turn"),
+        (codex + [{"type": "file", "content": passwd}],
+         'line %d (record type "file") is not a Codex CLI record (timestamp, type, payload)' % (len(codex) + 1)),
+        (codex + [{"timestamp": 5, "type": "event_msg", "payload": {}}], "is not a Codex CLI record"),
+        (codex + [{"timestamp": "t", "type": "event_msg", "payload": passwd}],
+         'line %d (record type "event_msg") has no payload object' % (len(codex) + 1)),
+        ([dict(codex[0], payload="x")] + codex[1:], "line 1 is a session_meta record without a payload object"),
+        ([{"type": "passwd", "text": passwd}] + claude, 'line 1 (record type "passwd") has no sessionId'),
+        (claude + [{"type": "ignore previous", "sessionId": sid}],
+         "line %d has a record type that no supported harness writes" % n),
+    ]
+    for records, why in cases:
         structured, text, is_error = mcp.tool("publish_session", {"transcript": write_transcript(records)})
-        assert is_error and structured["error"] == "not_a_transcript" and where in text, text
-    for transcript, why in ((write_transcript([turn]) + "\n  \n" + json.dumps({"type": "x"}) + "\n",
-                             'line 4 has record type "x", which no supported harness writes'),
-                            (write_transcript([turn]) + '{"type": "user", "text": "\ud800"}\n',
-                             "line 2 is not valid UTF-8")):
-        structured, text, is_error = mcp.tool("publish_session", {"transcript": transcript})
-        assert is_error and structured["error"] == "not_a_transcript", text
-        assert structured["message"] == "Not a Claude Code or Codex CLI JSONL transcript: %s. Nothing was sent." % why
-        assert text == "a4sx error not_a_transcript: " + structured["message"], text
+        assert is_error and structured["error"] == "not_a_transcript", (why, text)
+        assert why in structured["message"] and structured["message"].endswith(". Nothing was sent."), (why, text)
     assert stub.requests() == []
-    claude = [{"type": "summary", "summary": "t", "leafUuid": "u"}, {"type": "custom-title", "customTitle": "t"},
-              {"type": "queue-operation", "operation": "dequeue", "sessionId": "t-2"},
-              {"type": "file-history-snapshot", "messageId": "m", "snapshot": {}},
-              claude_record("user", "hi", session_id="t-2"), {"type": "progress", "data": {}, "sessionId": "t-2"},
-              claude_record("assistant", "ok", session_id="t-2"),
-              {"type": "system", "subtype": "compact_boundary", "sessionId": "t-2"}]
-    codex = [{"type": "session_meta", "payload": {"id": "c"}}, {"type": "turn_context", "payload": {}},
-             {"type": "response_item", "payload": {"type": "message"}}, {"type": "event_msg", "payload": {}},
-             {"type": "compacted", "payload": {}}]
-    for records in (claude, codex):
+    # record types a later release may add are accepted once they carry the envelope
+    later = claude + [{"type": "brand-new-record", "sessionId": sid, "anything": {"x": 1}}]
+    later_codex = codex + [{"timestamp": "2026-12-02T07:00:00Z", "type": "brand_new", "payload": {}, "ordinal": 99}]
+    for records in (later, later_codex):
         structured, _, is_error = mcp.tool("publish_session", {"transcript": write_transcript(records)})
         assert not is_error, structured
     assert len(stub.pushes) == 2
@@ -3220,13 +3273,18 @@ def test_publish_transcript_check_word_for_word(mcp, stub, token):
     """What makes a transcript, and the reason given for each refusal (found by mutation testing)."""
     reasons = (("[]\n", "line 1 is not a JSON object"), ("{nope\n", "line 1 is not valid JSON"),
                ('{"type": 5}\n', 'line 1 has no string "type"'), ("\n \n", "the transcript has no records"),
-               (json.dumps({"type": "t" * 45}) + "\n",
-                'line 1 has record type "%s\\u2026", which no supported harness writes' % ("t" * 39)),
-               ('{"type": "event_msg", "payload": {}}\n{"type": "session_meta", "payload": {}}\n',
-                "no Claude Code turn (a user or assistant record with a message and a sessionId) and no Codex CLI "
-                "session_meta record first"),
-               ('{"type": "user", "message": "hi", "sessionId": "s"}\n', "no Claude Code turn"),
-               ('{"type": "system", "message": {}, "sessionId": "s"}\n', "no Claude Code turn"))
+               (json.dumps({"type": "t" * 65, "sessionId": "s"}) + "\n",
+                "line 1 has a record type that no supported harness writes"),
+               ('{"type": "event_msg", "payload": {}, "timestamp": "t"}\n{"type": "session_meta", "payload": {}}\n',
+                'line 1 (record type "event_msg") has no sessionId (every Claude Code record of a session carries it)'),
+               ('{"type": "user", "message": "hi", "sessionId": "s"}\n',
+                "no Claude Code turn (a user or assistant record with a message object) and no Codex CLI "
+                "session_meta first"),
+               ('{"type": "system", "message": {}, "sessionId": "s"}\n', "no Claude Code turn"),
+               (write_transcript([claude_record("user", "hi")]) + '{"type": "user", "text": "\ud800"}\n',
+                "line 2 is not valid UTF-8"),
+               (write_transcript([claude_record("user", "hi")]) + "\n  \n" + json.dumps({"type": "x"}) + "\n",
+                'line 4 (record type "x") has no sessionId'))
     for transcript, why in reasons:
         structured, text, is_error = mcp.tool("publish_session", {"transcript": transcript})
         assert is_error and structured["error"] == "not_a_transcript", (transcript, text)
@@ -3234,13 +3292,16 @@ def test_publish_transcript_check_word_for_word(mcp, stub, token):
         assert message.startswith("Not a Claude Code or Codex CLI JSONL transcript: %s" % why), (transcript, message)
         assert message.endswith(". Nothing was sent.") and text == "a4sx error not_a_transcript: " + message, text
     assert stub.requests() == []
-    # a turn is a user or an assistant record with a message object and a sessionId or a uuid
-    for record in ({"type": "user", "message": {}, "sessionId": "s1"}, {"type": "user", "message": {}, "uuid": "u2"},
-                   {"type": "assistant", "message": {}, "sessionId": "s3"},
-                   {"type": "assistant", "message": {}, "uuid": "u4"}):
+    # a turn is a user or an assistant record with a message object (and the session's id)
+    for record in ({"type": "user", "message": {}, "sessionId": "s1"},
+                   {"type": "assistant", "message": {}, "sessionId": "s3"}):
         structured, _, is_error = mcp.tool("publish_session", {"transcript": json.dumps(record) + "\n"})
         assert not is_error, (record, structured)
-    assert len(stub.pushes) == 4
+    # a Codex rollout: session_meta first with a payload object; nothing else needs a turn
+    structured, _, is_error = mcp.tool("publish_session", {"transcript": write_transcript(_real_lines(
+        "codex-0.169.0-plain.jsonl")[:1])})
+    assert not is_error, structured
+    assert len(stub.pushes) == 3
 
 
 SDK_BLOCKER = '''
@@ -3506,6 +3567,326 @@ def test_publish_result_carries_the_taint_inside_the_envelope_too(spawn, stub, t
         assert inner["untrusted"] is expected and json.loads(inside[0])["untrusted"] is expected, inner
         assert (OTHER_AUTHOR_CAUTION in "\n".join(notice)) is expected
         assert (OTHER_AUTHOR_CAUTION in structured["notice"]) is expected
+
+
+# =============================================================================================
+# 4b. Local sessions (section 4b): publish_local_session reads the agent's own session files
+# =============================================================================================
+
+def claude_project(env, folder="-tmp-project"):
+    """Claude Code's projects folder for one project, in the test's HOME."""
+    path = env["home"] / ".claude" / "projects" / folder
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def claude_session(env, records, session_id=None, folder="-tmp-project", tail=b""):
+    """A session file as Claude Code writes it: ``<folder>/<session id>.jsonl``; ``tail``: a line still
+    being written. Returns ``(session id, path)``."""
+    session_id = session_id or str(uuid.uuid4())
+    path = claude_project(env, folder) / (session_id + ".jsonl")
+    path.write_bytes(claude_jsonl([dict(r, sessionId=session_id) for r in records]) + tail)
+    return session_id, path
+
+
+def calling_turn(tool_use_id, session_id="x"):
+    """The assistant record Claude Code writes for a call of publish_local_session."""
+    return claude_record("assistant", [{"type": "tool_use", "id": tool_use_id, "name": "mcp__a4sx__publish_local_session",
+                                        "input": {}}], session_id=session_id)
+
+
+def new_tool_use_id():
+    return "toolu_" + uuid.uuid4().hex[:24]
+
+
+def local_save(proc, arguments=None, meta=None, timeout=30):
+    """publish_local_session over the pipes: ``(payload, text, is_error)`` with the framing checks."""
+    response = proc.call("publish_local_session", arguments if arguments is not None else {}, meta=meta,
+                         timeout=timeout)
+    result = response["result"]
+    check_output_schema("publish_local_session", result["structuredContent"], result["isError"])
+    assert_copies_agree(result)
+    return unframe(result["structuredContent"], result["isError"]), result["content"][0]["text"], result["isError"]
+
+
+def codex_rollout(env, records, session_id=None, day=("2026", "12", "02")):
+    session_id = session_id or str(uuid.uuid4())
+    folder = env["home"] / ".codex" / "sessions" / day[0] / day[1] / day[2]
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / ("rollout-%s-%s-%sT06-00-00-%s.jsonl" % (day + (session_id,)))
+    path.write_bytes(claude_jsonl(records))
+    return session_id, path
+
+
+def codex_records(session_id, text="fix the flaky test"):
+    stamp = "2026-12-02T06:00:00.000Z"
+    return [{"timestamp": stamp, "type": "session_meta", "payload": {"id": session_id, "cwd": "/tmp/project",
+                                                                     "originator": "codex_exec"}},
+            {"timestamp": stamp, "type": "response_item", "payload": {"type": "message", "role": "user",
+                                                                      "content": [{"type": "input_text", "text": text}]}},
+            {"timestamp": stamp, "type": "event_msg", "payload": {"type": "token_count", "info": None}}]
+
+
+def test_local_session_current_claude_code_session_by_its_tool_use_id(spawn, stub, token, env):
+    """The transcript holding the call's tool use id is the one saved, not the other session of the
+    same project written at the same time (a parallel run), and a partial last line stays out."""
+    use = new_tool_use_id()
+    other, _ = claude_session(env, [claude_record("user", "the other run")])
+    sid, path = claude_session(env, [claude_record("user", "save me"), calling_turn(use)],
+                               tail=b'{"type":"progress","sessionId":"')
+    proc = spawn(extra_env={"CLAUDE_CODE_SESSION_ID": other})  # even when the variable names the other one
+    saved, _, is_error = local_save(proc, meta={"claudecode/toolUseId": use})
+    assert not is_error, saved
+    on_disk = path.read_bytes()
+    assert stub.pushes[-1]["body"] == on_disk[:on_disk.rindex(b"\n") + 1]
+    assert saved["local_session"]["id"] == sid and saved["local_session"]["harness"] == "claude-code"
+    assert saved["local_session"]["found_by"] == "claudecode/toolUseId"
+    assert saved["local_session"]["bytes_read"] == len(stub.pushes[-1]["body"]) < len(on_disk)
+    assert saved["status"] == "saved" and saved["saved_as"] == "new_entry" and saved["untrusted"] is False
+
+
+def test_local_session_waits_for_the_client_to_write_the_calling_turn(spawn, stub, token, env):
+    """Claude Code writes the assistant record asynchronously: the call may arrive first, and the
+    record may land in two writes. The server waits (bounded) and reads once it is whole."""
+    use = new_tool_use_id()
+    sid, path = claude_session(env, [claude_record("user", "save me")])
+    proc = spawn()
+    turn = json.dumps(dict(calling_turn(use), sessionId=sid)).encode() + b"\n"
+
+    def client_writes():
+        time.sleep(0.6)
+        with open(path, "ab") as f:
+            f.write(turn[:40])
+            f.flush()
+            time.sleep(0.6)
+            f.write(turn[40:])
+
+    writer = threading.Thread(target=client_writes)
+    writer.start()
+    started = time.monotonic()
+    saved, _, is_error = local_save(proc, meta={"claudecode/toolUseId": use})
+    writer.join()
+    assert not is_error and time.monotonic() - started >= 1.1, saved
+    assert stub.pushes[-1]["body"].endswith(turn) and saved["local_session"]["id"] == sid
+    # never written: a bounded wait, then the error lists this project's sessions (no content)
+    started = time.monotonic()
+    failed, text, is_error = local_save(proc, meta={"claudecode/toolUseId": new_tool_use_id()})
+    waited = time.monotonic() - started
+    assert is_error and failed["error"] == "no_local_session" and "tool use id" in text, text
+    assert a4sx_mcp.TURN_WAIT_S <= waited < a4sx_mcp.TURN_WAIT_S + 5, waited
+    assert [s["id"] for s in failed["sessions"]] == [sid] and set(failed["sessions"][0]) == {
+        "id", "harness", "bytes", "modified"}
+    assert len(stub.pushes) == 1
+
+
+def test_local_session_stale_claude_code_session_id_after_clear(spawn, stub, token, env):
+    """Without a tool use id, $CLAUDE_CODE_SESSION_ID is used only while it is the one session of its
+    project written since the server started: after /clear (or beside a parallel run) it is refused."""
+    first, _ = claude_session(env, [claude_record("user", "before /clear")])
+    proc = spawn(extra_env={"CLAUDE_CODE_SESSION_ID": first})
+    saved, _, is_error = local_save(proc)
+    assert not is_error and saved["local_session"]["id"] == first, saved
+    assert saved["local_session"]["found_by"] == "CLAUDE_CODE_SESSION_ID"
+    time.sleep(0.05)
+    after, _ = claude_session(env, [claude_record("user", "after /clear")])  # /clear: a new file, same variable
+    refused, text, is_error = local_save(proc)
+    assert is_error and refused["error"] == "no_local_session" and "/clear" in text, text
+    assert [s["id"] for s in refused["sessions"]] == [after, first]
+    assert len(stub.pushes) == 1
+    saved, _, is_error = local_save(proc, {"session": after})  # the user names it: saved
+    assert not is_error and saved["local_session"]["id"] == after and saved["local_session"]["found_by"] == "id"
+
+
+def test_local_session_by_id_and_ids_that_look_like_paths(spawn, stub, token, env, tmp_path):
+    """An id is matched against the names the session folders hold; it never becomes part of a path."""
+    outside = tmp_path / "outside.jsonl"
+    outside.write_bytes(claude_jsonl([claude_record("user", "not a session of this machine", session_id="outside")]))
+    sid, _ = claude_session(env, [claude_record("user", "by id")], folder="-tmp-another-project")
+    proc = spawn()
+    for bad in ("../../outside", "..", "/tmp/outside", "a/b", ".hidden", "x.jsonl", "x y", "-x", "é", "a" * 129,
+                str(outside)):
+        refused, text, is_error = local_save(proc, {"session": bad})
+        assert is_error and refused["error"] == "invalid_arguments" and text.startswith(
+            "a4sx error invalid_arguments: session:"), (bad, text)
+    refused, _, is_error = local_save(proc, {"session": "outside"})
+    assert is_error and refused["error"] == "no_local_session" and [s["id"] for s in refused["sessions"]] == [sid]
+    saved, _, is_error = local_save(proc, {"session": sid})
+    assert not is_error and saved["local_session"] == dict(saved["local_session"], id=sid, found_by="id")
+    assert len(stub.pushes) == 1
+
+
+def test_local_session_codex_rollout_named_by_the_call(spawn, stub, token, env):
+    """Codex CLI names its rollout in every call's _meta (x-codex-turn-metadata.session_id)."""
+    sid = str(uuid.uuid4())
+    _, path = codex_rollout(env, codex_records(sid), session_id=sid)
+    codex_rollout(env, codex_records(str(uuid.uuid4())), day=("2026", "12", "01"))
+    proc = spawn()
+    saved, _, is_error = local_save(proc, meta={"x-codex-turn-metadata": {"session_id": sid, "turn_id": "t"}})
+    assert not is_error, saved
+    assert saved["local_session"]["harness"] == "codex-cli" and saved["local_session"]["id"] == sid
+    assert saved["local_session"]["found_by"] == "x-codex-turn-metadata"
+    assert stub.pushes[-1]["body"] == path.read_bytes()
+    missing, _, is_error = local_save(proc, meta={"x-codex-turn-metadata": {"session_id": str(uuid.uuid4())}})
+    assert is_error and missing["error"] == "no_local_session", missing
+    assert len(stub.pushes) == 1
+
+
+def test_local_session_files_that_are_not_the_agents_own_are_never_read(spawn, stub, token, env, tmp_path):
+    """A link (file or folder) that leads out, a FIFO, a file of another user, a hard link: refused
+    or not listed, and nothing is sent; the server answers at once (nothing blocks on the FIFO)."""
+    secret = tmp_path / "secret.jsonl"
+    secret.write_bytes(claude_jsonl([claude_record("user", "outside the session folders", session_id="secret")]))
+    project = claude_project(env)
+    linked_file = str(uuid.uuid4())
+    os.symlink(str(secret), str(project / (linked_file + ".jsonl")))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    linked_folder = str(uuid.uuid4())
+    (elsewhere / (linked_folder + ".jsonl")).write_bytes(secret.read_bytes())
+    os.symlink(str(elsewhere), str(project.parent / "-linked-project"))
+    fifo = str(uuid.uuid4())
+    os.mkfifo(str(project / (fifo + ".jsonl")))
+    hard = str(uuid.uuid4())
+    os.link(str(secret), str(project / (hard + ".jsonl")))
+    proc = spawn()
+    for sid in (linked_file, linked_folder, fifo):
+        started = time.monotonic()
+        refused, _, is_error = local_save(proc, {"session": sid})
+        assert is_error and refused["error"] == "no_local_session", (sid, refused)  # not listed at all
+        assert time.monotonic() - started < 5
+    refused, text, is_error = local_save(proc, {"session": hard})
+    assert is_error and refused["error"] == "session_unreadable" and "hard link" in text, text
+    if os.getuid() == 0:  # another user's file (needs root to make one)
+        foreign, path = claude_session(env, [claude_record("user", "someone else's")])
+        os.chown(str(path), 65534, 65534)
+        refused, text, is_error = local_save(proc, {"session": foreign})
+        assert is_error and refused["error"] == "session_unreadable" and "another user" in text, text
+    assert stub.pushes == []
+
+
+def test_local_session_open_follows_no_link_swapped_in_after_the_listing(env, tmp_path):
+    """The read opens one folder at a time with O_NOFOLLOW: a folder or file replaced by a link (or
+    a FIFO) between the listing and the read is refused, and the FIFO does not block."""
+    sid, path = claude_session(env, [claude_record("user", "listed")])
+    roots = a4sx_mcp.session_roots({"CLAUDE_CONFIG_DIR": "", "CODEX_HOME": ""})
+    session, = a4sx_mcp.local_sessions(roots)
+    assert a4sx_mcp.read_session(session, 1 << 20) == path.read_bytes()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / path.name).write_bytes(path.read_bytes())
+    folder = path.parent
+    folder.rename(tmp_path / "moved")
+    os.symlink(str(outside), str(folder))  # the project folder is now a link
+    with pytest.raises(a4sx_mcp.ToolError) as refused:
+        a4sx_mcp.read_session(session, 1 << 20)
+    assert refused.value.code == "session_unreadable"
+    os.unlink(str(folder))
+    folder.mkdir()
+    os.symlink(str(outside / path.name), str(path))  # the file is now a link
+    with pytest.raises(a4sx_mcp.ToolError):
+        a4sx_mcp.read_session(session, 1 << 20)
+    os.unlink(str(path))
+    os.mkfifo(str(path))  # and now a FIFO with no writer
+    started = time.monotonic()
+    with pytest.raises(a4sx_mcp.ToolError) as refused:
+        a4sx_mcp.read_session(session, 1 << 20)
+    assert "not a regular file" in refused.value.message and time.monotonic() - started < 2
+
+
+def test_local_session_over_the_cap_points_to_the_cli(spawn, stub, token, env):
+    sid, path = claude_session(env, [claude_record("user", "x" * 3000)])
+    proc = spawn(extra_env={"A4SX_MCP_MAX_LOCAL_BYTES": "2048"})
+    refused, text, is_error = local_save(proc, {"session": sid})
+    size = path.stat().st_size
+    assert is_error and refused["error"] == "too_large" and refused["size"] == size and refused["cap"] == 2048
+    assert "a4sx push %s" % path in text, text
+    assert stub.pushes == [] and stub.requests() == []
+
+
+def test_local_session_cancel_mid_scrub_sends_nothing_and_progress_keeps_coming(spawn, stub, token, env):
+    """A large session scrubs for minutes: progress notes come every PROGRESS_EVERY_S while it does, and
+    a cancel stops the scrub worker at once, with no answer and nothing uploaded."""
+    turns = [claude_record("user" if i % 2 else "assistant", "line %d of a long session %s" % (i, "w " * 400))
+             for i in range(8000)]  # ~7 MiB: about 8 s of scrubbing here (the SDK scrubs ~0.9 MiB/s)
+    sid, _ = claude_session(env, turns)
+    proc = spawn()
+    proc.send({"jsonrpc": "2.0", "id": 77, "method": "tools/call", "params": {
+        "name": "publish_local_session", "arguments": {"session": sid}, "_meta": {"progressToken": "p"}}})
+    notes, started = [], time.monotonic()
+    while len(notes) < 2:
+        note = proc.recv(timeout=30)
+        assert note.get("method") == "notifications/progress", note
+        notes.append((time.monotonic() - started, note["params"]["message"]))
+    assert notes[0][1].startswith("scrubbing ") and notes[1][1].endswith(" s so far"), notes
+    assert notes[1][0] - notes[0][0] >= a4sx_mcp.PROGRESS_EVERY_S - 1, notes
+    proc.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 77}})
+    listed = proc.request("tools/list")
+    assert [t["name"] for t in listed["result"]["tools"]][-1] == "publish_local_session"
+    time.sleep(1.0)
+    assert not [m for m in proc.notes if m.get("id") == 77], proc.notes
+    assert stub.pushes == [] and stub.requests() == []
+
+
+def test_local_session_that_loaded_another_authors_session_is_saved_untrusted(spawn, stub, token, env):
+    """A fetched session framed as another author's, as Claude Code stores the tool result in its
+    transcript, makes the saved session untrusted (and marked so on this machine)."""
+    stub_server.seed_demo(stub)
+    proc = spawn()
+    acquired, _, _ = proc.tool("acquire_session", {"id": "demo-free-refactor"})
+    response = proc.call("fetch_session_context", {"id": acquired["library_id"]})
+    use = new_tool_use_id()
+    stored = {"type": "tool_result", "tool_use_id": "toolu_fetch",
+              "content": json.dumps(response["result"]["structuredContent"], ensure_ascii=False, separators=(",", ":"))}
+    sid, _ = claude_session(env, [claude_record("user", "load it"),
+                                  claude_record("assistant", [{"type": "tool_use", "id": "toolu_fetch",
+                                                               "name": "mcp__a4sx__fetch_session_context",
+                                                               "input": {}}]),
+                                  claude_record("user", [stored]), calling_turn(use)])
+    saved, _, is_error = local_save(proc, meta={"claudecode/toolUseId": use})
+    assert not is_error and saved["untrusted"] is True, saved
+    marked = json.loads((env["cfg"] / "untrusted.json").read_text())
+    assert saved["library_id"] in marked[stub.base]
+
+
+def test_local_session_saved_again_is_a_new_version_of_its_entry(spawn, stub, token, env):
+    sid, path = claude_session(env, [claude_record("user", "first turn")])
+    proc = spawn()
+    first, _, is_error = local_save(proc, {"session": sid, "label": "my-work"})
+    assert not is_error and first["saved_as"] == "new_entry" and first["version"] == "1", first
+    with open(path, "ab") as f:
+        f.write(claude_jsonl([claude_record("assistant", "a second turn", session_id=sid)]))
+    again, _, is_error = local_save(proc, {"session": sid})
+    assert not is_error and again["saved_as"] == "new_version", again
+    assert again["library_id"] == first["library_id"] and again["version"] == "2"
+    assert stub.pushes[-1]["query"]["into"] == first["library_id"]
+    assert len([r for r in stub.library if r["id"] == first["library_id"]]) == 1
+    saved = json.loads((env["cfg"] / "saved-sessions.json").read_text())
+    assert saved == {stub.base: {"claude-code:" + sid: first["library_id"]}}
+    stub.library[:] = [r for r in stub.library if r["id"] != first["library_id"]]  # deleted in the web app
+    fresh, _, is_error = local_save(proc, {"session": sid})
+    assert not is_error and fresh["saved_as"] == "new_entry" and fresh["library_id"] != first["library_id"]
+    assert "into" not in stub.pushes[-1]["query"]
+
+
+def test_local_session_checks_come_first_and_nothing_is_read_signed_out(spawn, stub, env):
+    sid, _ = claude_session(env, [claude_record("user", "x")])
+    proc = spawn()
+    refused, _, is_error = local_save(proc, {"session": sid})
+    assert is_error and refused["error"] == "not_signed_in"
+    refused, text, is_error = local_save(proc, {"session": sid, "transcript": "{}"})
+    assert is_error and refused["error"] == "invalid_arguments" and "transcript: unknown property" in text
+    assert stub.requests() == []
+
+
+def test_check_says_which_session_folders_it_sees(env, tmp_path):
+    claude_session(env, [claude_record("user", "x")])
+    claude_session(env, [claude_record("user", "y")], folder="-other")
+    sid = str(uuid.uuid4())
+    codex_rollout(env, codex_records(sid), session_id=sid)
+    out = run_check(None, extra_env={"CLAUDE_CODE_SESSION_ID": sid, "A4SX_BASE": "http://127.0.0.1:9"}).stdout
+    assert "Claude Code: 2 session files in %s" % os.path.realpath(str(env["home"] / ".claude" / "projects")) in out
+    assert "Codex CLI: 1 session files in" in out
+    assert "$CLAUDE_CODE_SESSION_ID names no session file here" in out  # (a Codex id is no Claude Code session)
 
 
 # =============================================================================================
@@ -4332,7 +4713,8 @@ def test_find_and_save_prompts_only_ask_for_the_tools(spawn, stub):
     saved = proc.request("prompts/get", {"name": "save_session", "arguments": {"title": "DB fix", "label": "db"}})
     (message,) = saved["result"]["messages"]
     text = message["content"]["text"]
-    assert "publish_session" in text and "PRIVATE" in text and '{"title": "DB fix", "label": "db"}' in text
+    assert "publish_local_session" in text and "PRIVATE" in text and '{"title": "DB fix", "label": "db"}' in text
+    assert "transcript" not in text.replace("session's transcript", "").replace("no transcript", "")
     assert proc.request("prompts/get", {"name": "save_session"})["result"]["messages"][0]["content"]["text"] == \
         a4sx_mcp.SAVE_SESSION_TEXT
     assert stub.requests() == []  # a prompt never calls a tool itself: nothing was sent
@@ -4435,7 +4817,7 @@ def test_every_input_property_is_described_briefly():
     for version in LEGACY + [MODERN]:
         sizes[version] = len(json.dumps({"tools": a4sx_mcp.tools_for(version)}, separators=(",", ":")))
     print("tools/list compact JSON bytes:", sizes)
-    assert sizes["2024-11-05"] < 6000 and sizes[MODERN] < 11000
+    assert sizes["2024-11-05"] < 7500 and sizes[MODERN] < 12500
 
 
 def _interop_library(srv, stub):
@@ -4711,12 +5093,18 @@ def test_tool_schemas_match_the_spec_exactly():
     expected = {
         "search_sessions": (True, False, True, False), "get_session_summary": (True, False, True, False),
         "fetch_session_context": (True, False, True, False), "acquire_session": (False, False, True, False),
-        "publish_session": (False, False, False, False)}
+        "publish_session": (False, False, False, False), "publish_local_session": (False, False, False, False)}
     for name, hints in expected.items():
         ann = tools[name]["annotations"]
         assert (ann["readOnlyHint"], ann["destructiveHint"], ann["idempotentHint"], ann["openWorldHint"]) == hints
     assert [tools[n]["title"] for n in TOOL_NAMES] == [
-        "Search sessions", "Session summary", "Acquire session", "Load session as context", "Save session to library"]
+        "Search sessions", "Session summary", "Acquire session", "Load session as context", "Save session to library",
+        "Save this session to library"]
+    local = tools["publish_local_session"]["inputSchema"]
+    assert "required" not in local and local["properties"]["session"]["default"] == "current"
+    for name in ("title", "label", "parent", "idempotency_key"):  # the same meanings and limits as publish_session
+        assert local["properties"][name] == publish["properties"][name], name
+    assert set(local["properties"]) == {"session", "title", "label", "parent", "idempotency_key"}
 
 
 def test_requests_before_initialize_without_modern_meta_are_refused(spawn):
@@ -4787,7 +5175,7 @@ def test_batches_only_in_2025_03_26(spawn):
     assert isinstance(answer, list)
     by_id = {item["id"]: item for item in answer}
     assert set(by_id) == {1, 2, 3, 4, None}
-    assert by_id[1]["result"] == {} and len(by_id[2]["result"]["tools"]) == 5
+    assert by_id[1]["result"] == {} and len(by_id[2]["result"]["tools"]) == len(TOOL_NAMES)
     assert by_id[3]["result"]["isError"] is True and by_id[4]["error"]["code"] == -32600
     proc.send([{"jsonrpc": "2.0", "method": "notifications/initialized"}])
     proc.send([])
@@ -5944,13 +6332,7 @@ INTEROP_REPO = _interop_repo()
 INTEROP_SERVER = INTEROP_REPO / "a4sx_mcp.py"
 INTEROP_TIMEOUT_S = 30.0  # whole test budget per client
 INTEROP_REQUEST_TIMEOUT_S = 20.0  # per request, inside that budget
-INTEROP_TOOLS = [
-    "search_sessions",
-    "get_session_summary",
-    "acquire_session",
-    "fetch_session_context",
-    "publish_session",
-]
+INTEROP_TOOLS = TOOL_NAMES
 
 # Relay launcher: spawns the server, copies stdin/stdout line by line in both directions,
 # logs each line with a timestamp, and records the server's exit status in a JSON file.
