@@ -1286,7 +1286,7 @@ SESSIONLESS_RECORDS = {
     "summary": frozenset(("type", "summary", "leafUuid")),
     "file-history-snapshot": frozenset(("type", "messageId", "snapshot", "isSnapshotUpdate")),
 }
-CODEX_ENVELOPE = frozenset(("timestamp", "type", "payload"))
+ROLLOUT_ENVELOPE = frozenset(("timestamp", "type", "payload"))
 _RECORD_TYPE = re.compile(r"[A-Za-z][A-Za-z0-9_.:-]{0,63}\Z")
 
 
@@ -1295,7 +1295,7 @@ def _record_problem(record, first, session_id):
     ``first``, or None. ``session_id``: the Claude Code session's id, once a record has named it."""
     kind = record["type"]
     if first.get("type") == "session_meta":
-        if not CODEX_ENVELOPE <= set(record) or not isinstance(record["timestamp"], str):
+        if not ROLLOUT_ENVELOPE <= set(record) or not isinstance(record["timestamp"], str):
             return "is not a Codex CLI record (timestamp, type, payload)"
         return None if isinstance(record["payload"], dict) else "has no payload object"
     if kind in SESSIONLESS_RECORDS and "sessionId" not in record:

@@ -726,7 +726,7 @@ def test_every_environment_variable_read_is_in_the_table():
     assert readers == {"environment", "_start"}, readers  # _start: worker_environment(os.environ)
     with open(SERVER, encoding="utf-8") as f:
         source = f.read()
-    named = set(re.findall(r"\b(A4SX_[A-Z0-9_]+)\b", source)) - {"A4SX_UNTRUSTED_SESSION"}
+    named = set(re.findall(r"\b((?:A4SX|CLAUDE|CODEX)_[A-Z0-9_]+)\b", source)) - {"A4SX_UNTRUSTED_SESSION"}
     listed = {name for name, _ in a4sx_mcp.ENVIRONMENT}
     assert named <= listed, named - listed
     with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
