@@ -1347,6 +1347,7 @@ def check_transcript(data):
 # This server's envelope for another author's content, as a harness records it in a tool result:
 # the BEGIN line (also as it reads once neutralised inside another envelope) and the CAUTION notice.
 _FRAMED_BEGIN = re.compile("(?:<<<|\u2039\u2039\u2039)%s nonce=[0-9a-f]{16}" % BEGIN_MARK)
+_FRAMED_BEGIN_UTF8 = re.compile(_FRAMED_BEGIN.pattern.encode("utf-8"))  # the same, on UTF-8 bytes
 OTHER_AUTHOR_CAUTION = "CAUTION: this content was written by ANOTHER author"
 
 
@@ -1355,15 +1356,17 @@ def carries_other_authors_framing(data):
     session, anywhere: its BEGIN line and its CAUTION notice. Lines with JSON escapes are also
     looked at decoded, since an escape can spell either marker. A paraphrase is not caught."""
     caution = OTHER_AUTHOR_CAUTION.encode()
-    if b"\\u" not in data:
-        return caution in data and _FRAMED_BEGIN.search(data.decode("utf-8", "replace")) is not None
+    if b"\\u" not in data:  # (the bytes are valid UTF-8: check_transcript ran first)
+        return caution in data and _FRAMED_BEGIN_UTF8.search(data) is not None
     begin = found_caution = False
     for raw in byte_lines(data):
-        text = raw.decode("utf-8", "replace")
-        if "\\u" in text:  # (check_transcript has made sure that every line is a JSON record)
-            text = "\n".join(_strings(parse_record(text)))
-        begin = begin or _FRAMED_BEGIN.search(text) is not None
-        found_caution = found_caution or OTHER_AUTHOR_CAUTION in text
+        if b"\\u" in raw:  # (check_transcript has made sure that every line is a JSON record)
+            text = "\n".join(_strings(parse_record(raw.decode("utf-8", "replace"))))
+            begin = begin or _FRAMED_BEGIN.search(text) is not None
+            found_caution = found_caution or OTHER_AUTHOR_CAUTION in text
+        else:
+            begin = begin or _FRAMED_BEGIN_UTF8.search(raw) is not None
+            found_caution = found_caution or caution in raw
         if begin and found_caution:
             return True
     return False
@@ -1991,8 +1994,8 @@ class ScrubWorker:
                 proc, done = self.proc, threading.Event()
                 threading.Thread(target=self._kill_on_cancel, args=(cancel, done, proc), daemon=True).start()
                 try:
-                    header = json.dumps({"size": len(data), "texts": texts}).encode()
-                    proc.stdin.write(header + b"\n" + data)
+                    proc.stdin.write(json.dumps({"size": len(data), "texts": texts}).encode() + b"\n")
+                    proc.stdin.write(data)  # (not joined to the header: no second copy of a large transcript)
                     proc.stdin.flush()
                     reply = json.loads(proc.stdout.readline())
                     out = proc.stdout.read(reply["size"])
@@ -2841,7 +2844,7 @@ def tool_publish_session(ctx, args):
     if "content_sha256" in args and lazy("hashlib").sha256(data).hexdigest() != args["content_sha256"].lower():
         raise ToolError("content_sha_mismatch", "content_sha256 does not match the SHA-256 of the transcript's UTF-8 "
                         "bytes: it was changed or cut on the way. Nothing was sent.")
-    result = publish_checked(ctx, data, args)
+    result = publish_checked(ctx, [data], args)
     text, structured = framed_json(result, result["untrusted"], hint_next=SAVED_NEXT)
     return Result(text, structured, outcome="saved")
 
@@ -2855,8 +2858,9 @@ def tool_publish_local_session(ctx, args):
     except NoSession as err:
         return framed_error("no_local_session", err.message + " Nothing was sent.",
                            {"sessions": [s.describe() for s in err.sessions]}, False, "no_local_session")
-    data = read_session(session, ctx.settings.max_local_bytes)
-    ctx.large = len(data) > LARGE_CALL_BYTES
+    held = [read_session(session, ctx.settings.max_local_bytes)]
+    size = len(held[0])
+    ctx.large = size > LARGE_CALL_BYTES
     if ctx.large:
         _glibc()
     key = "%s:%s" % (session.harness, session.id)
@@ -2864,17 +2868,19 @@ def tool_publish_local_session(ctx, args):
         into = saved_entry(ctx.settings.base, key)
     except SdkMissing:
         into = None  # publish_checked says what is missing
-    result = publish_checked(ctx, data, args, into=into, local=True)
+    result = publish_checked(ctx, held, args, into=into, local=True)
     record_saved(ctx.settings.base, key, result["library_id"])
-    result["local_session"] = dict(session.describe(), bytes_read=len(data), found_by=how)
+    result["local_session"] = dict(session.describe(), bytes_read=size, found_by=how)
     text, structured = framed_json(result, result["untrusted"], hint_next=SAVED_NEXT)
     return Result(text, structured, outcome="saved")
 
 
-def publish_checked(ctx, data, args, into=None, local=False):
-    """Steps 4 to 12 of the spec's publish pipeline on a transcript's bytes: the transcript check,
-    the rate limit, the local scrub, lineage and taint, the private upload (``into``: a new version
-    of that entry, when it is still in the library) with idempotent retries. The result's fields."""
+def publish_checked(ctx, held, args, into=None, local=False):
+    """Steps 4 to 12 of the spec's publish pipeline on a transcript's bytes (``held``: a list of
+    them, emptied, so they are freed once scrubbed): the transcript check, the rate limit, the local
+    scrub, lineage and taint, the private upload (``into``: a new version of that entry, when it is
+    still in the library) with idempotent retries. The result's fields."""
+    data = held.pop()
     problem = check_transcript(data)
     if problem:
         raise ToolError("not_a_transcript", "Not a Claude Code or Codex CLI JSONL transcript: %s. Nothing was sent."
@@ -2888,6 +2894,7 @@ def publish_checked(ctx, data, args, into=None, local=False):
     try:
         with Ticker(ctx, "scrubbing %s on this machine" % _size(len(data))):
             upload, report, texts = scrub_transcript(data, args.get("title"), args.get("label"), ctx.cancel)
+        del data  # only the scrubbed bytes are needed from here on
     except SdkMissing:
         raise ToolError("sdk_missing", "Saving a session needs the `%s` package (the a4sx SDK, %s) to scrub the "
                         "transcript before it leaves this machine; install it with `pip install '%s%s'`. Nothing "

@@ -3715,17 +3715,37 @@ def test_local_session_by_id_and_ids_that_look_like_paths(spawn, stub, token, en
     assert len(stub.pushes) == 1
 
 
+def codex_call(call_id, stamp="2026-12-02T06:00:01.000Z"):
+    """The function_call item Codex CLI writes into its rollout before it calls the tool."""
+    return {"timestamp": stamp, "type": "response_item", "ordinal": 9, "metadata": {"history_sequence": 3},
+            "payload": {"type": "function_call", "namespace": "mcp__a4sx", "name": "publish_local_session",
+                        "arguments": "{}", "call_id": call_id}}
+
+
 def test_local_session_codex_rollout_named_by_the_call(spawn, stub, token, env):
-    """Codex CLI names its rollout in every call's _meta (x-codex-turn-metadata.session_id)."""
-    sid = str(uuid.uuid4())
+    """Codex CLI names its rollout in every call's _meta (x-codex-turn-metadata.session_id) and the
+    call (callId): the rollout is read once it holds that call."""
+    sid, call = str(uuid.uuid4()), "call_" + uuid.uuid4().hex[:20]
     _, path = codex_rollout(env, codex_records(sid), session_id=sid)
     codex_rollout(env, codex_records(str(uuid.uuid4())), day=("2026", "12", "01"))
+    meta = {"x-codex-turn-metadata": {"session_id": sid, "turn_id": "t"}, "callId": call}
     proc = spawn()
-    saved, _, is_error = local_save(proc, meta={"x-codex-turn-metadata": {"session_id": sid, "turn_id": "t"}})
+
+    def codex_writes():
+        time.sleep(0.6)
+        with open(path, "ab") as f:
+            f.write(claude_jsonl([codex_call(call)]))
+
+    writer = threading.Thread(target=codex_writes)
+    writer.start()
+    saved, _, is_error = local_save(proc, meta=meta)
+    writer.join()
     assert not is_error, saved
     assert saved["local_session"]["harness"] == "codex-cli" and saved["local_session"]["id"] == sid
     assert saved["local_session"]["found_by"] == "x-codex-turn-metadata"
-    assert stub.pushes[-1]["body"] == path.read_bytes()
+    assert stub.pushes[-1]["body"] == path.read_bytes() and call.encode() in stub.pushes[-1]["body"]
+    missing, text, is_error = local_save(proc, meta=dict(meta, callId="call_never_written"))
+    assert is_error and missing["error"] == "no_local_session" and "CODEX_HOME" in text, missing
     missing, _, is_error = local_save(proc, meta={"x-codex-turn-metadata": {"session_id": str(uuid.uuid4())}})
     assert is_error and missing["error"] == "no_local_session", missing
     assert len(stub.pushes) == 1

@@ -6,6 +6,7 @@ an in-process ``stub_server.Stub``, started exactly as an MCP client starts it.
     python3 benchmarks/bench.py --quick   # under a minute on 2 cores, wider noise margins
     python3 benchmarks/bench.py --net     # only the realistic network: TLS, RTT 0/40/100 ms
     python3 benchmarks/bench.py --net --server /tmp/old/a4sx_mcp.py   # the same for another copy
+    python3 benchmarks/bench.py --local   # only publish_local_session: real-shaped 10 and 40 MiB sessions
 
 Both runs end with the realistic-network mode (--quick: RTT 0 and 40 ms only): the stub behind TLS
 with a throwaway trustme CA, the system CA bundle plus that CA in SSL_CERT_FILE, and a loopback proxy
@@ -223,6 +224,7 @@ class Server:
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self):
+        self.notes = []  # (arrival time, notification): progress notes
         for line in self.proc.stdout:
             now = time.perf_counter()
             msg = json.loads(line)
@@ -230,6 +232,8 @@ class Server:
                 with self.cond:
                     self.arrived[msg["id"]] = (now, msg)
                     self.cond.notify_all()
+            elif isinstance(msg, dict) and "method" in msg:
+                self.notes.append((now, msg))
 
     def send(self, method, params=None, line=None):
         """Writes one request (or a pre-encoded ``line`` with ``"id": 0``); returns ``(id, time sent)``."""
@@ -408,6 +412,8 @@ def spread(samples):
 def fmt(value, unit):
     if unit == "MiB":
         return "%.1f MiB" % (value / MiB)
+    if unit == "s":
+        return "%.1f s" % value
     return "%.3f ms" % (value * 1000) if value < 0.01 else "%.1f ms" % (value * 1000)
 
 
@@ -634,6 +640,113 @@ def rows_of(s, mode, data):
     ]
 
 
+# --- saving a local session: publish_local_session on real-shaped 10 and 40 MiB sessions -----------
+
+LOCAL_SIZES = (10 * MiB, 40 * MiB)
+LOCAL_REAL = os.path.join(HERE, "testdata", "claude-code-2.1.332-tainted.jsonl")  # real records, repeated
+LOCAL_PROGRESS_S = 5.0  # the longest wait between two progress notes the issue allows
+
+
+def local_session(home, size, rng):
+    """A Claude Code session file of ``size`` bytes in ``home``'s ~/.claude/projects, made of the
+    records of a real 2.1.332 transcript (every type it writes) with fresh ids and a few secret-shaped
+    values; returns ``(session id, path)``."""
+    records = [json.loads(line) for line in open(LOCAL_REAL, "rb").read().splitlines() if line.strip()]
+    sid = str(uuid.UUID(int=rng.getrandbits(128)))
+    folder = os.path.join(home, ".claude", "projects", "-bench-project")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, sid + ".jsonl")
+    written = 0
+    with open(path, "wb") as f:
+        while written < size:
+            for record in records:
+                record = dict(record, sessionId=sid, uuid=str(uuid.UUID(int=rng.getrandbits(128))))
+                if record.get("type") == "user" and rng.random() < 0.2:
+                    record["message"] = {"role": "user", "content": "deploy with %s" % secret_shaped(rng)}
+                line = json.dumps(record, ensure_ascii=False).encode() + b"\n"
+                if written + len(line) > size:
+                    break
+                f.write(line)
+                written += len(line)
+            else:
+                continue
+            break
+    return sid, path
+
+
+def local_measure(sizes, reps):
+    """Per size: the save's wall time against the SDK's scrub of the same bytes in this process,
+    the server's and the scrub worker's peak RSS growth against the file, the largest gap between
+    two progress notes."""
+    rng = random.Random(20261202)
+    stub = Stub()
+    token = "bench-" + "".join(rng.choice("0123456789abcdef") for _ in range(24))
+    stub.tokens.add(token)
+    cfg = tempfile.mkdtemp(prefix="a4sx-bench-local-")
+    with open(os.open(os.path.join(cfg, "credentials.json"), os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+        json.dump({stub.base: token}, f)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("A4SX_", "CLAUDE_", "CODEX_"))}
+    env.update(A4SX_CONFIG_DIR=cfg, HOME=cfg, A4SX_MCP_PUBLISH_PER_MIN="0", A4SX_MCP_PER_MIN="0")
+    from a4sx import scrub
+    scrub.scrub_bytes(b'{"type":"user"}\n')  # the rules compiled before any timing
+    rows = []
+    try:
+        for size in sizes:
+            s = collections.defaultdict(list)
+            for rep in range(reps):
+                sid, path = local_session(cfg, size, rng)
+                with open(path, "rb") as f:
+                    data = f.read()
+                s["floor"].append(timed(scrub.scrub_bytes, data))
+                del data
+                srv = Server(env, stub.base)
+                srv.handshake()
+                warm, _ = local_session(cfg, 96 * 1024, rng)  # imports and the scrub worker: not the file's cost
+                srv.request("tools/call", {"name": "publish_local_session", "arguments": {"session": warm}})
+                sampler = PeakSampler(srv.pid)
+                workers = {}
+
+                def watch_workers(stop):
+                    while not stop.wait(0.05):
+                        for pid in children(srv.pid):
+                            workers[pid] = max(workers.get(pid, 0), proc_status(pid, "VmRSS") or 0)
+                stop = threading.Event()
+                watcher = threading.Thread(target=watch_workers, args=(stop,))
+                watcher.start()
+                started = time.perf_counter()
+                seconds, msg = srv.request("tools/call", {"name": "publish_local_session", "arguments": {
+                    "session": sid}, "_meta": {"progressToken": "bench"}})
+                stop.set()
+                watcher.join()
+                growth, _ = sampler.done()
+                s["save"].append(seconds)
+                s["growth"].append(growth)
+                s["worker"].append(max(workers.values() or [0]))
+                times = [started] + [t for t, n in srv.notes if n.get("method") == "notifications/progress"]
+                times.append(started + seconds)
+                s["gap"].append(max(b - a for a, b in zip(times, times[1:])))
+                s["notes"].append(len(times) - 2)
+                srv.close()
+                os.unlink(path)
+            mb = "%d MiB" % (size // MiB)
+            floor = statistics.median(s["floor"])
+            rows += [
+                Row("scrub_bytes %s real-shaped session (floor)" % mb, s["floor"], "s", note="in this process"),
+                Row("publish_local_session %s end to end" % mb, s["save"], "s", 1.15 * floor,
+                    "<= 1.15x floor = %s" % fmt(1.15 * floor, "s"), 0.10,
+                    note="%.2fx floor (read, check, scrub in the worker, push)" % (statistics.median(s["save"]) / floor)),
+                Row("  server peak RSS growth during it", s["growth"], "MiB", 3 * size, "<= 3x file = %s" % fmt(
+                    3 * size, "MiB"), MEM_MARGIN, "max", note="%.2fx the file" % (max(s["growth"]) / size)),
+                Row("  scrub worker peak RSS", s["worker"], "MiB", note="%.2fx the file (the SDK's scrub of the "
+                    "whole text)" % (max(s["worker"]) / size)),
+                Row("  longest gap between progress notes", [g for g in s["gap"]], "s", LOCAL_PROGRESS_S,
+                    "<= %d s" % LOCAL_PROGRESS_S, 0.0, "max", note="%d notes per save" % max(s["notes"])),
+            ]
+    finally:
+        stub.stop()
+    return rows
+
+
 # --- realistic network: TLS, a throwaway CA, round-trip time -------------------------------------
 
 NET_RTTS = {"full": (0.0, 0.040, 0.100), "quick": (0.0, 0.040)}
@@ -855,8 +968,17 @@ def main():
     ap.add_argument("--seed", type=int, default=20260728, help="seed of the synthetic data")
     ap.add_argument("--net", action="store_true", help="only the realistic-network mode (TLS, RTT 0/40/100 ms)")
     ap.add_argument("--server", help="time another copy of a4sx_mcp.py (e.g. an older version) in --net mode")
+    ap.add_argument("--local", action="store_true", help="only publish_local_session on 10 and 40 MiB sessions "
+                                                          "(about 5 minutes)")
     opts = ap.parse_args()
     mode, began = MODES["quick" if opts.quick else "full"], time.perf_counter()
+    if opts.local:
+        print("a4sx-mcp benchmark, publish_local_session only: %d CPUs, python %s" % (
+            os.cpu_count(), sys.version.split()[0]))
+        rows = local_measure(LOCAL_SIZES, 2)
+        print_table(rows, MODES["full"])
+        print("total time: %.0f s" % (time.perf_counter() - began))
+        return 1 if any(r.status() == "FAIL" for r in rows) else 0
     if opts.server:
         SERVER_CMD = [sys.executable, os.path.abspath(opts.server)]
     if opts.net:
