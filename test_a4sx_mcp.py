@@ -7136,3 +7136,420 @@ def test_claude_code_hands_the_model_the_framed_structured_copy(env, stub, token
         assert bool(block.get("is_error")) == (kind == "error") == bool(sent.get("isError")), \
             "%s %s: is_error" % (tool, arguments) + ctx()
         check_model_view(kind, block, sent)
+
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end with the real Claude Code CLI: publish_local_session saves the session it is called in
+# ---------------------------------------------------------------------------------------------
+# The same offline rig as above, but WITH session persistence: Claude Code writes its transcript to
+# $HOME/.claude/projects/<project>/<session id>.jsonl, and the server (whose HOME is that same folder)
+# finds it by the call's _meta "claudecode/toolUseId". A small run (no built-in tools, no skills, a
+# one-line system prompt) keeps the transcript small.
+
+CC_SAVE_CALLS = {
+    "plain": [("publish_local_session", {}, "success")],
+    "tainted": [("fetch_session_context", {"id": "lib-demo-acquired"}, "untrusted"),  # another author's
+                ("publish_local_session", {}, "untrusted")],
+}
+
+
+def _cc_call_times(srv):
+    """From the relay's wire log: ``{request id: (tool, _meta, seconds from request to result)}``."""
+    asked, out = {}, {}
+    for line in srv._read(srv.wire, 10 ** 8).splitlines():
+        parts = line.split(None, 2)
+        if len(parts) != 3 or parts[1] not in ("->", "<-"):
+            continue
+        try:
+            message, at = json.loads(parts[2]), float(parts[0])
+        except ValueError:
+            continue
+        key = json.dumps(message.get("id"))
+        if parts[1] == "->" and message.get("method") == "tools/call":
+            asked[key] = (message["params"]["name"], message["params"].get("_meta") or {}, at)
+        elif parts[1] == "<-" and key in asked and "result" in message:
+            name, meta, start = asked[key]
+            out[key] = (name, meta, at - start)
+    return out
+
+
+@pytest.mark.parametrize("case", sorted(CC_SAVE_CALLS))
+def test_claude_code_saves_its_own_session(env, stub, token, tmp_path, spawn, case):
+    claude = CC_NODE_MODULES / ".bin" / "claude"
+    if not claude.exists():
+        _interop_missing("%s not found (npm install @anthropic-ai/claude-code)" % claude)
+    stub_server.seed_demo(stub)
+    calls = CC_SAVE_CALLS[case]
+    home, work = tmp_path / "claude-home", tmp_path / "claude-work"
+    home.mkdir()
+    work.mkdir()
+    srv = _InteropServer(tmp_path, stub.base)
+    srv.env.update(HOME=str(home), A4SX_CONFIG_DIR=str(env["cfg"]))  # Claude Code's HOME; signed in
+    mcp_config = tmp_path / "mcp.json"
+    mcp_config.write_text(json.dumps({"mcpServers": {"a4sx": {
+        "type": "stdio", "command": srv.command, "args": srv.args, "env": srv.env}}}))
+    debug_log = tmp_path / "claude-debug.log"
+    api, trap = FakeModelApi(calls), ProxyTrap()
+    cmd = [str(claude), "-p", "Save this session with a4sx.", "--output-format", "json", "--model", "claude-sonnet-4-5",
+           "--mcp-config", str(mcp_config), "--strict-mcp-config",
+           "--tools", "", "--disable-slash-commands", "--system-prompt", "You are a test assistant.",
+           "--allowedTools", ",".join(sorted({"mcp__a4sx__" + c[0] for c in calls})), "--debug-file", str(debug_log)]
+    started = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=str(work), env=_claude_offline_env(home, api, trap), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=CC_TIMEOUT_S)
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        rc = "killed after a %ss timeout" % CC_TIMEOUT_S
+    finally:
+        api.stop()
+        trap.stop()
+    elapsed = time.monotonic() - started
+    transcripts = sorted((home / ".claude" / "projects").glob("*/*.jsonl"))
+
+    def ctx():
+        tail = srv._read(debug_log, 6000) if debug_log.exists() else "<none>"
+        return ("\nclaude rc=%s in %.1fs\nstdout=%s\nstderr=%s\ntranscripts=%s%s%s\n--- claude debug log (tail) ---\n%s"
+                % (rc, elapsed, (out or "")[-3000:], (err or "")[-3000:], transcripts, api.diag(), srv.diag(), tail))
+
+    assert trap.hits == [], "Claude Code tried to leave loopback: %s" % trap.hits + ctx()
+    assert rc == 0, "claude failed" + ctx()
+    try:
+        final = json.loads(out)
+    except ValueError:
+        pytest.fail("claude --output-format json printed no JSON" + ctx())
+    assert final.get("is_error") is False and final.get("result") == "All a4sx calls done.", "final answer" + ctx()
+    assert sorted(api.results) == list(range(len(calls))), "tool_result blocks received" + ctx()
+    _, wire = _cc_wire(srv)
+    assert [name for name, _ in wire] == [c[0] for c in calls], "tools/call on the wire" + ctx()
+    for index, (tool, _, kind) in enumerate(calls):
+        assert not api.results[index].get("is_error") and wire[index][1].get("isError") is False, tool + ctx()
+        check_output_schema(tool, wire[index][1]["structuredContent"])
+        check_model_view(kind, api.results[index], wire[index][1])  # what the model read of it
+
+    # the save: the session this claude run wrote, found by the call's tool use id
+    use_id = api.results[len(calls) - 1]["tool_use_id"]
+    (save_meta, save_s), = [(meta, s) for name, meta, s in _cc_call_times(srv).values()
+                            if name == "publish_local_session"]
+    assert save_meta.get("claudecode/toolUseId") == use_id, save_meta
+    saved = unframe(wire[-1][1]["structuredContent"])
+    assert len(transcripts) == 1 and transcripts[0].name == final.get("session_id") + ".jsonl", ctx()
+    on_disk = transcripts[0].read_bytes()  # final: Claude Code has exited
+    assert saved["status"] == "saved" and saved["saved_as"] == "new_entry", saved
+    assert saved["untrusted"] is (case == "tainted"), saved
+    assert saved["local_session"]["found_by"] == "claudecode/toolUseId", saved
+    assert saved["local_session"]["id"] == final["session_id"] and saved["local_session"]["harness"] == "claude-code"
+    assert a4sx_mcp.check_transcript(on_disk) is None
+
+    # what was pushed: the first lines of that file, scrubbed, through the record of the save call
+    assert len(stub.pushes) == 1, stub.pushes
+    body = stub.pushes[0]["body"]
+    lines = on_disk.splitlines(keepends=True)
+    prefix = b"".join(lines[:body.count(b"\n")])
+    assert body == a4sx_scrubbed(prefix), "the push is not this session's first lines, scrubbed"
+    assert saved["local_session"]["bytes_read"] == len(prefix) <= len(on_disk)
+    assert any(a4sx_mcp.is_the_call(a4sx_mcp.parse_record(line.decode()), "claude-code", use_id)
+               for line in prefix.splitlines()), "the push lacks the calling turn"
+    if case == "tainted":
+        marked = json.loads((env["cfg"] / "untrusted.json").read_text())
+        assert saved["library_id"] in marked[stub.base], marked
+
+    # the whole file, as the transcript argument of publish_session over pipes: accepted
+    again, _, is_error = spawn().tool("publish_session", {"transcript": on_disk.decode()})
+    assert not is_error and again["status"] == "saved" and again["untrusted"] is (case == "tainted"), again
+    package = CC_NODE_MODULES / "@anthropic-ai" / "claude-code" / "package.json"
+    print("claude code save e2e [%s]: CLI %s, transcript %d bytes (%d lines), pushed %d bytes (%d lines), "
+          "save call %.2fs, claude run %.1fs" % (
+              case, json.loads(package.read_text()).get("version") if package.exists() else "?", len(on_disk),
+              len(lines), len(body), body.count(b"\n"), save_s, elapsed))
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end with the real Codex CLI: publish_local_session saves the session it is called from
+# ---------------------------------------------------------------------------------------------
+# Codex CLI (npm @openai/codex, <repo>/.interop/node_modules/.bin/codex) runs `codex exec` against
+# a scripted stand-in for the OpenAI Responses API on 127.0.0.1 (a custom model provider: no
+# account, no network), with the a4sx server attached through the relay launcher. Codex offers MCP
+# tools behind its client-side tool_search, so the scripted model searches first, then calls the
+# a4sx tools of CODEX_CALLS, then closes. The server finds the rollout under ~/.codex/sessions (its
+# HOME is Codex's HOME; Codex passes CODEX_HOME to no MCP server) by the call's
+# _meta["x-codex-turn-metadata"].session_id and callId.
+#
+# Offline: Codex's proxy variables point at a loopback trap that records and refuses every
+# connection (NO_PROXY keeps the two loopback servers direct). Codex 0.169.0 still tries GitHub and
+# ChatGPT (plugin/marketplace and account/analytics lookups) through it: those CONNECTs, refused,
+# are all it may show. Codex passes no PYTHONPATH to an MCP server, so the server's env table
+# carries the offline guard (PYTHONPATH, TEST_OFFLINE_GUARD_LOG) with HOME and A4SX_CONFIG_DIR.
+
+CODEX_BIN = CC_NODE_MODULES / ".bin" / "codex"
+CODEX_TIMEOUT_S = 120.0  # the whole codex run; a normal one takes about 1 s
+CODEX_TRAP_ALLOWED = re.compile(r"CONNECT (github\.com|api\.github\.com|chatgpt\.com|ab\.chatgpt\.com):443 HTTP/1\.1\Z")
+CODEX_CASES = {
+    "plain": [("publish_local_session", {})],
+    "tainted": [("fetch_session_context", {"id": "lib-demo-acquired"}), ("publish_local_session", {})],
+}
+
+
+class FakeResponsesApi:
+    """The OpenAI Responses API as Codex CLI 0.169.0 uses it (POST /v1/responses, SSE), scripted,
+    on 127.0.0.1. A request offering the client-side tool_search is a turn of the main loop: until
+    the a4sx tools are callable (a tool_search_output in the input made them so) the answer is a
+    tool_search_call; then one function_call per scripted (tool, arguments), addressed to the
+    "mcp__a4sx" namespace; then a closing message. The function_call_output items that come back
+    are recorded per call; any other request (a side query) gets a short text."""
+
+    FINAL = "All a4sx calls done."
+
+    def __init__(self, calls, namespace="mcp__a4sx"):
+        self.calls, self.namespace = list(calls), namespace
+        self.handed = []    # (tool, call_id) in order
+        self.outputs = {}   # call_id -> function_call_output item
+        self.log = []
+        self.lock = threading.Lock()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server.daemon_threads = True
+        self.base = "http://127.0.0.1:%d" % self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, name="fake-responses-api", daemon=True).start()
+
+    def provider(self, name="fake"):
+        """The -c value that makes this API a model provider of codex."""
+        return ('model_providers.%s={name="%s",base_url="%s/v1",wire_api="responses",env_key="OPENAI_API_KEY"}'
+                % (name, name, self.base))
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+    def _handler(self):
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def handle_one(self):
+                raw = self.rfile.read(int(self.headers.get("content-length") or 0))
+                try:
+                    body = json.loads(raw) if raw else {}
+                except ValueError:
+                    body = {}
+                body = body if isinstance(body, dict) else {}
+                path = self.path.split("?")[0]
+                with api.lock:
+                    entry = {"method": self.command, "path": self.path}
+                    api.log.append(entry)
+                    if self.command == "POST" and path.endswith("/responses"):
+                        status, answer = 200, api._turn(body, entry)
+                    elif path.endswith("/models"):
+                        status, answer = 200, {"models": [], "data": [], "object": "list"}
+                    else:
+                        status, answer = 404, {"error": {"type": "not_found", "message": "fake API: no " + path}}
+                    entry["status"] = status
+                if status == 200 and isinstance(answer, list):
+                    return api._send(self, api._sse(answer), "text/event-stream")
+                api._send(self, json.dumps(answer).encode(), "application/json", status)
+
+            do_GET = do_POST = do_HEAD = do_PUT = do_DELETE = handle_one
+
+        return Handler
+
+    def _turn(self, body, entry):
+        """The output items of one answer (called with the lock held)."""
+        items = [i for i in body.get("input") or [] if isinstance(i, dict)]
+        tools = [t.get("name") or t.get("type") for t in body.get("tools") or [] if isinstance(t, dict)]
+        for item in items:
+            if item.get("type") == "function_call_output":
+                self.outputs[item.get("call_id")] = item
+        ours = self.namespace in tools or any(  # offered, or made callable by a tool_search
+            item.get("type") == "tool_search_output" and any(
+                isinstance(t, dict) and t.get("name") == self.namespace for t in item.get("tools") or [])
+            for item in items)
+        if "tool_search" not in tools and not ours:
+            entry["answer"] = "side text"
+            return [self._message("ok")]
+        done = len(self.handed)
+        call_id = "call_" + uuid.uuid4().hex[:24]
+        if done < len(self.calls) and not ours:
+            entry["answer"] = "tool_search"
+            return [{"type": "tool_search_call", "id": "tsc_" + uuid.uuid4().hex[:24], "call_id": call_id,
+                     "status": "completed", "execution": "client",
+                     "arguments": {"query": "a4sx " + " ".join(c[0] for c in self.calls), "limit": 8}}]
+        if done < len(self.calls):
+            tool, arguments = self.calls[done]
+            self.handed.append((tool, call_id))
+            entry["answer"] = tool
+            return [{"type": "function_call", "id": "fc_" + uuid.uuid4().hex[:24], "call_id": call_id,
+                     "namespace": self.namespace, "name": tool, "arguments": json.dumps(arguments)}]
+        entry["answer"] = "final"
+        return [self._message(self.FINAL)]
+
+    @staticmethod
+    def _message(text):
+        return {"type": "message", "role": "assistant", "id": "msg_" + uuid.uuid4().hex[:24], "status": "completed",
+                "content": [{"type": "output_text", "text": text, "annotations": []}]}
+
+    @staticmethod
+    def _sse(items):
+        resp_id = "resp_" + uuid.uuid4().hex[:24]
+        usage = {"input_tokens": 10, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 5,
+                 "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 15}
+        events = [("response.created", {"type": "response.created",
+                                        "response": {"id": resp_id, "object": "response", "status": "in_progress"}})]
+        for i, item in enumerate(items):
+            added = dict(item, content=[], status="in_progress") if item["type"] == "message" else item
+            events.append(("response.output_item.added", {"type": "response.output_item.added", "output_index": i,
+                                                          "item": added}))
+            if item["type"] == "message":
+                events.append(("response.output_text.delta", {"type": "response.output_text.delta",
+                                                              "item_id": item["id"], "output_index": i,
+                                                              "content_index": 0,
+                                                              "delta": item["content"][0]["text"]}))
+            events.append(("response.output_item.done", {"type": "response.output_item.done", "output_index": i,
+                                                         "item": item}))
+        events.append(("response.completed", {"type": "response.completed", "response": {
+            "id": resp_id, "object": "response", "status": "completed", "model": "fake", "output": items,
+            "usage": usage}}))
+        return b"".join(b"event: %s\ndata: %s\n\n" % (name.encode(), json.dumps(data).encode())
+                        for name, data in events)
+
+    @staticmethod
+    def _send(handler, data, content_type, status=200):
+        handler.send_response(status)
+        handler.send_header("content-type", content_type)
+        handler.send_header("content-length", str(len(data)))
+        handler.end_headers()
+        if handler.command != "HEAD":
+            handler.wfile.write(data)
+
+    def diag(self):
+        with self.lock:
+            return "\n--- fake Responses API log ---\n" + "\n".join(json.dumps(e) for e in self.log)
+
+
+def _toml(value):
+    """A TOML value for codex -c: a JSON string is a TOML basic string; a dict an inline table."""
+    if isinstance(value, dict):
+        return "{%s}" % ",".join("%s=%s" % (k, _toml(v)) for k, v in value.items())
+    if isinstance(value, list):
+        return "[%s]" % ",".join(_toml(v) for v in value)
+    return json.dumps(str(value))
+
+
+def _wire_call_seconds(srv, tool):
+    """How long the relay saw tools/call ``tool`` take, request line to result line (seconds)."""
+    sent, key = {}, None
+    for line in srv._read(srv.wire, 10 ** 8).splitlines():
+        parts = line.split(None, 2)
+        if len(parts) != 3 or parts[1] not in ("->", "<-"):
+            continue
+        try:
+            at, message = float(parts[0]), json.loads(parts[2])
+        except ValueError:
+            continue
+        if parts[1] == "->" and message.get("method") == "tools/call" and message["params"].get("name") == tool:
+            key = json.dumps(message.get("id"))
+            sent[key] = at
+        elif parts[1] == "<-" and key is not None and json.dumps(message.get("id")) == key and "result" in message:
+            return at - sent[key]
+    return None
+
+
+@pytest.mark.parametrize("case", sorted(CODEX_CASES))
+def test_codex_saves_its_own_session(env, stub, token, spawn, tmp_path, case):
+    if not CODEX_BIN.exists():
+        _interop_missing("%s not found (npm install @openai/codex@0.169.0)" % CODEX_BIN)
+    stub_server.seed_demo(stub)
+    home, work = tmp_path / "codex-home", tmp_path / "codex-work"
+    codex_home = home / ".codex"
+    for folder in (home, codex_home, work):
+        folder.mkdir()
+    srv = _InteropServer(tmp_path, stub.base)
+    srv.env["HOME"] = str(home)                 # so the server finds ~/.codex/sessions
+    srv.env["A4SX_CONFIG_DIR"] = str(env["cfg"])  # where the token fixture signed in
+    api, trap = FakeResponsesApi(CODEX_CASES[case]), ProxyTrap()
+    cmd = [str(CODEX_BIN), "exec", "--skip-git-repo-check", "--json", "-C", str(work), "-m", "gpt-5.5",
+           "-c", "model_provider=fake", "-c", api.provider(),
+           "-c", "mcp_servers.a4sx.command=" + _toml(srv.command),
+           "-c", "mcp_servers.a4sx.args=" + _toml(srv.args),
+           "-c", "mcp_servers.a4sx.env=" + _toml(srv.env),
+           "Use the a4sx tools, then save this session."]
+    environ = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "CODEX_HOME": str(codex_home),
+               "TERM": "dumb", "LANG": "C.UTF-8", "OPENAI_API_KEY": "e2e-dummy-" + uuid.uuid4().hex,
+               "HTTPS_PROXY": trap.url, "HTTP_PROXY": trap.url, "ALL_PROXY": trap.url,
+               "https_proxy": trap.url, "http_proxy": trap.url, "all_proxy": trap.url,
+               "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
+    started = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=str(work), env=environ, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=CODEX_TIMEOUT_S)
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        rc = "killed after a %ss timeout" % CODEX_TIMEOUT_S
+    finally:
+        api.stop()
+        trap.stop()
+    elapsed = time.monotonic() - started
+
+    def ctx():
+        return "\ncodex rc=%s in %.1fs\nstdout=%s\nstderr=%s%s%s" % (
+            rc, elapsed, (out or "")[-3000:], (err or "")[-3000:], api.diag(), srv.diag())
+
+    assert all(CODEX_TRAP_ALLOWED.match(hit) for hit in trap.hits), "codex tried to leave loopback: %s" % (
+        trap.hits,) + ctx()
+    assert rc == 0, "codex failed" + ctx()
+    assert [tool for tool, _ in api.handed] == [c[0] for c in CODEX_CASES[case]], "calls handed out" + ctx()
+    assert sorted(api.outputs) == sorted(cid for _, cid in api.handed), "function_call_output items" + ctx()
+    assert any(e.get("answer") == "final" for e in api.log), "closing message" + ctx()
+    _, wire = _cc_wire(srv)
+    # default `codex exec` flags: approval policy never; a call that needed approval would be refused
+    # by codex without a tools/call on the wire
+    assert [name for name, _ in wire] == [c[0] for c in CODEX_CASES[case]], "tools/call on the wire" + ctx()
+    result = wire[-1][1]
+    assert result.get("isError") is False, "publish_local_session failed" + ctx()
+    check_output_schema("publish_local_session", result["structuredContent"])
+    saved = unframe(result["structuredContent"])
+
+    rollouts = sorted((codex_home / "sessions").rglob("rollout-*.jsonl"))
+    assert len(rollouts) == 1, rollouts
+    final = rollouts[0].read_bytes()
+    meta = json.loads(final.split(b"\n", 1)[0])
+    assert meta["type"] == "session_meta"
+    local = saved["local_session"]
+    assert (saved["status"], saved["saved_as"], saved["untrusted"]) == ("saved", "new_entry", case == "tainted"), saved
+    assert (local["harness"], local["found_by"], local["id"]) == (
+        "codex-cli", "x-codex-turn-metadata", meta["payload"]["id"]), local
+
+    assert len(stub.pushes) == 1, "pushes: %d" % len(stub.pushes)
+    body = stub.pushes[0]["body"]
+    lines = final.splitlines(keepends=True)
+    prefix = b"".join(lines[:body.count(b"\n")])  # what the server read: the rollout when the call came
+    assert body.endswith(b"\n") and body == a4sx_scrubbed(prefix), "the pushed body is not a scrubbed prefix"
+    assert local["bytes_read"] == len(prefix), (local, len(prefix))
+    save_call_id = api.handed[-1][1]
+    assert any(a4sx_mcp.is_the_call(parse, "codex-cli", save_call_id)
+               for parse in (json.loads(line) for line in prefix.splitlines())), "the save call is not in the prefix"
+    assert a4sx_mcp.check_transcript(final) is None
+    if case == "tainted":
+        marked = json.loads((env["cfg"] / "untrusted.json").read_text())[stub.base]
+        assert saved["library_id"] in marked, marked
+    seconds = _wire_call_seconds(srv, "publish_local_session")
+
+    mcp = spawn()
+    again, _, is_error = mcp.tool("publish_session", {"transcript": final.decode()})
+    assert not is_error and again["status"] == "saved", again
+    assert again["untrusted"] is (case == "tainted"), again
+    package = CC_NODE_MODULES / "@openai" / "codex" / "package.json"
+    print("codex e2e %s: CLI %s, rollout %d bytes (%d lines), pushed %d bytes (%d lines), save call %.3fs, "
+          "codex run %.1fs, proxy trap saw %s" % (
+              case, json.loads(package.read_text()).get("version") if package.exists() else "?", len(final),
+              len(lines), len(body), body.count(b"\n"), seconds if seconds is not None else float("nan"), elapsed,
+              trap.hits))
