@@ -2,9 +2,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """a4sx-mcp: a local MCP server (stdio) for a4sx, the library and marketplace of coding-agent sessions.
 
-Five tools: search sessions, summarise one, acquire an entitled marketplace session into the private
-library (never buying), load a session as context, save a transcript privately. It signs in with the
-token the ``a4sx`` CLI stored (``a4sx login``) and sends it only to the server that issued it.
+The hosted a4sx server's five tools: search sessions, summarise one, acquire an entitled marketplace
+session into the private library (never buying), load a session as context, save a transcript
+privately; and a sixth that only a local server can have: save the session you are in, read from the
+agent's own session files. It signs in with the token the ``a4sx`` CLI stored (``a4sx login``) and
+sends it only to the server that issued it.
 
 One stdlib-only file, meant to be read top to bottom in the order data flows:
 
@@ -13,7 +15,8 @@ One stdlib-only file, meant to be read top to bottom in the order data flows:
 2. the HTTP client                   (EVERYTHING sent to the network: the ``ROUTES`` table, ``Api.send``)
 3. framing and tool results          (author text reaches the model only inside a nonce envelope)
 4. transcripts                       (JSONL checks for publish, the taint rule, the context renderer)
-5. the a4sx SDK bridge               (lazy: scrubbing in a worker process, lineage records)
+4b. local sessions                   (the agents' own session files: found, opened without links, read)
+5. the a4sx SDK bridge               (lazy: scrubbing in a worker process, lineage and saved records)
 6. tools                             (schemas, validation, handlers)
 7. the JSON-RPC / MCP dispatcher     (both eras: the handshake revisions and stateless 2026-07-28)
 8. the stdio loop and ``main``
@@ -23,19 +26,24 @@ What it claims, and the one place that shows it (SECURITY.md lists the test that
 
 - Everything sent to the network is a route of ``ROUTES``, sent by ``Api.send``; the token goes only
   to the server that issued it (``Settings.find_token``), only on token routes, never on a redirect.
-- Everything read from the environment and from files: ``ENVIRONMENT`` and ``FILES`` (``--check``
-  prints both); ``environment`` is the only reader of ``os.environ`` (``worker_environment`` passes
-  the ``WORKER_ENV`` names to the scrub worker unread).
+- Everything read from the environment and from files: ``ENVIRONMENT``, ``FILES`` and
+  ``SESSION_FILES`` (``--check`` prints them); ``environment`` is the only reader of ``os.environ``
+  (``worker_environment`` passes the ``WORKER_ENV`` names to the scrub worker unread).
 - Everything an author or the API wrote reaches the model through section 3 only: ``envelope`` and
   ``structured_frame`` (via ``framed_json``, ``render_context``, ``framed_error``); every other
   text is this file's own (``error_result``, ``error_text``). Names are the exception, never prose:
   identifier-shaped ids and labels (resource lists, completions) and the API's error codes of the
   documented shape (``api_error_fields``).
-- Nothing is published unchecked: ``check_transcript`` (record types), the SDK's scrub
-  (``scrub_transcript``), and the taint rule (``carries_other_authors_framing``, ``rows_untrusted``).
+- Nothing is published unchecked: ``publish_checked`` runs ``check_transcript`` (each harness's record
+  envelope), the SDK's scrub (``scrub_transcript``) and the taint rule (``publish_taint``).
+- A session file is read only inside the agents' session folders, found by listing them (an id is
+  never joined into a path), opened without following a link (``open_below``), never a FIFO, a
+  device, another user's file or a hard link (``_file_problem``); the current session is the one
+  the call's ``_meta`` names (``find_session``).
 - The only other process is the scrub worker (this file with ``--scrub-worker``, pipes only, the
   ``WORKER_ENV`` variables only); the only files written are the SDK's untrusted-session records
-  (``mark_untrusted``) and a token file's mode (``read_private``: 0600, never through a symlink).
+  (``mark_untrusted``), where each local session was saved (``record_saved``) and a token file's mode
+  (``read_private``: 0600, never through a symlink).
 - stdout carries only protocol messages (``Writer``); logs go to stderr: a tool's name, outcome (a
   status or error code) and duration, never arguments or results.
 
