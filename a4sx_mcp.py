@@ -209,13 +209,20 @@ SESSION_FILES = (
 )
 
 
+# Read as the a4sx SDK and CLI read them (``a4sx.config.config_dir``), which write the files there:
+# unstripped, so " /x" is not an absolute path to either of us.
+AS_WRITTEN = ("XDG_CONFIG_HOME", "LOCALAPPDATA", "APPDATA")
+
+
 def environment():
-    """The ``ENVIRONMENT`` variables' values (stripped; "" when unset): the one place this file
-    reads ``os.environ`` (``worker_environment`` only copies the ``WORKER_ENV`` names for the worker).
-    ``Settings`` calls it at start-up; the token lookup, ``--check`` and ``trust_store`` call it again
-    to read ``A4SX_SESSION`` (never kept) and the TLS variables."""
-    names = [name for name, _ in ENVIRONMENT]
-    return {name: (os.environ.get(name) or "").strip() for name in names}
+    """The ``ENVIRONMENT`` variables' values ("" when unset; stripped, except ``AS_WRITTEN``): the one
+    place this file reads ``os.environ`` (``worker_environment`` only copies the ``WORKER_ENV`` names
+    for the worker; ``os.path.expanduser`` reads ``HOME``, and the SDK's ``a4sx.config`` reads the
+    config directory's variables by the same rule as ``config_dir``). ``Settings`` calls it at
+    start-up; the token lookup, ``--check`` and ``trust_store`` call it again to read
+    ``A4SX_SESSION`` (never kept) and the TLS variables."""
+    values = {name: os.environ.get(name) or "" for name, _ in ENVIRONMENT}
+    return {name: value if name in AS_WRITTEN else value.strip() for name, value in values.items()}
 
 
 class UsageError(Exception):
@@ -264,7 +271,8 @@ def normalize_base(value):
 
 
 def config_dir(env):
-    """The a4sx CLI's config directory (same rules as ``a4sx.config.config_dir``)."""
+    """The a4sx CLI's config directory: ``a4sx.config.config_dir``'s rule, so the sign-in it wrote
+    and the taint records it keeps are found in the same place."""
     if env["A4SX_CONFIG_DIR"]:
         return os.path.abspath(os.path.expanduser(env["A4SX_CONFIG_DIR"]))
     if sys.platform.startswith("win"):
@@ -303,20 +311,20 @@ def _read_config(path):
 
 
 def _stored_base(folder):
-    """The stored server: ``config.json`` (the CLI), else ``amdx.json`` (the older standalone script)."""
+    """``(base, file name)`` of the stored server: ``config.json`` (the CLI), else ``amdx.json`` (the
+    older standalone script); ``(None, None)``."""
     for name in ("config.json", "amdx.json"):
         data = _read_config(os.path.join(folder, name))
         if isinstance(data, dict):
-            return data.get("base")
-    return None
+            return data.get("base"), name
+    return None, None
 
 
 def resolve_base(flag=None, env=None):
     """``(origin, source)``: ``--base``, else ``$A4SX_BASE``, else the stored sign-in's server, else
     the public server. Raises ``ValueError`` for a base that must not be used."""
     env = environment() if env is None else env
-    for value, source in ((flag, "--base"), (env["A4SX_BASE"], "A4SX_BASE"),
-                          (_stored_base(config_dir(env)), "config.json")):
+    for value, source in ((flag, "--base"), (env["A4SX_BASE"], "A4SX_BASE"), _stored_base(config_dir(env))):
         if isinstance(value, str) and value.strip():
             return normalize_base(value), source
     return PUBLIC_BASE, "default"
@@ -1004,6 +1012,12 @@ def one_line(text, cap):
     return bounded(text, cap, _one_line_whole)
 
 
+def echoed_name(value, cap=100):
+    """A name the client or the model wrote (an argument, prompt, method or tool name, a protocol
+    version), echoed in an error message: one line, neutralised, at most ``cap`` characters."""
+    return one_line(value if isinstance(value, str) else ("" if value is None else str(value)), cap)
+
+
 def _one_line_whole(text):
     """``neutralize`` for one line: once whitespace is collapsed there is no line break left, so
     only the start of the text can lead a line."""
@@ -1206,10 +1220,28 @@ def error_text(code, message):
     return "a4sx error %s: %s" % (code, message)
 
 
+# The only details an error may carry beside its code and message (in the structured copy, and as
+# JSON-RPC ``data`` when a resource or prompt fails): counts this file computed, and an idempotency
+# key of the schema's shape (the caller's own, or this file's uuid). Anything an author or the API
+# wrote only ever travels framed (``framed_error``).
+ERROR_DETAILS = {"size": "count", "cap": "count", "retry_after_s": "count", "status": "count",
+                 "idempotency_key": "key"}
+_IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,128}\Z")
+
+
+def error_details(err):
+    """``err.details`` through the ``ERROR_DETAILS`` allow-list: a detail of another name or shape is
+    dropped, whatever a caller passed."""
+    def allowed(kind, value):
+        if kind == "count":
+            return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
+        return isinstance(value, str) and _IDEMPOTENCY_KEY.match(value) is not None
+    return {k: v for k, v in err.details.items() if k in ERROR_DETAILS and allowed(ERROR_DETAILS[k], v)}
+
+
 def error_result(err):
-    """Details are integers, flags and values this file checked (an idempotency key); nothing an
-    author or the API wrote, which only ever travels framed (see ``framed_error``)."""
-    structured = dict({"error": err.code, "message": err.message}, **err.details)
+    """An error's code, this file's fixed message and its allowed details (``error_details``)."""
+    structured = dict({"error": err.code, "message": err.message}, **error_details(err))
     return Result(error_text(err.code, err.message), structured, True, err.code)
 
 
@@ -1557,11 +1589,13 @@ def pick_transcript(bundle):
     return None
 
 
-def render_context(title, turns, max_tokens, untrusted, nonce):
-    """The fetch text: notice, envelope, title, the first user turn and the newest turns that fit in
-    ``max_tokens × 4`` characters, with a marker saying how many turns were left out. Turns are
-    escaped only when they are looked at: newest first, until the budget is full."""
-    title_line = "Title: " + (one_line(title or "", 200) or "(untitled)")
+def render_context(title, turns, max_tokens, untrusted, nonce, loaded=""):
+    """The fetch text: notice, envelope, title (and ``loaded``: which entry and version), the first
+    user turn and the newest turns that fit in ``max_tokens × 4`` characters, with a marker saying
+    how many turns were left out. Turns are escaped only when they are looked at: newest first,
+    until the budget is full."""
+    title_line = "Title: " + (one_line(title or "", 200) or "(untitled)") + (
+        "\n" + one_line(loaded, 300) if loaded else "")
     if not turns:
         return envelope(nonce, [title_line, "", "(this session has no readable turns)"], untrusted), 0, False
     cache = {}
@@ -2343,7 +2377,7 @@ def validate(schema, value, path):
         props = schema.get("properties", {})
         for key in value:
             if key not in props:
-                key = one_line(_str(key), 64)
+                key = echoed_name(key, 64)
                 return "%s: unknown property" % key if path == "arguments" else "%s.%s: unknown property" % (path, key)
         for key in schema.get("required", ()):
             if key not in value:
@@ -2775,6 +2809,7 @@ def tool_fetch_session_context(ctx, args):
         row, untrusted = None, True  # fail closed: unknown provenance counts as another author's
     bundle = bundle if isinstance(bundle, dict) else {}
     title = _str(bundle.get("title") or (row or {}).get("title"))
+    version = bundle.get("version") or args.get("version") or (row or {}).get("version")
     picked = pick_transcript(bundle)
     bundle = None  # the base64 text can go before the turns are built
     if picked is None:
@@ -2784,7 +2819,8 @@ def tool_fetch_session_context(ctx, args):
     turns = canonical_turns(content, tools) if kind == "canonical" else claude_turns(content, tools)
     content = picked = None
     nonce = new_nonce()
-    text, included, truncated = render_context(title, turns, args["max_tokens"], untrusted, nonce)
+    loaded = "Library id: %s, version %s" % (args["id"], _str(version) or "latest")
+    text, included, truncated = render_context(title, turns, args["max_tokens"], untrusted, nonce, loaded)
     fields = {"status": "ok", "source": "library", "max_tokens": args["max_tokens"], "approx_tokens": len(text) // 4,
               "truncated": truncated, "turns_total": len(turns), "turns_included": included}
     return Result(text, structured_frame(nonce, untrusted, fields, "context", text))
@@ -3132,27 +3168,33 @@ def _feature_error(err):
     """A ToolError seen from resources/read or prompts/get: its code and details travel as data."""
     if err.code in ("not_found", "invalid_arguments", "no_transcript"):
         return FeatureError("not_found" if err.code != "invalid_arguments" else "invalid", err.message)
-    return FeatureError("failed", err.message, dict({"error": err.code}, **err.details))
+    return FeatureError("failed", err.message, dict({"error": err.code}, **error_details(err)))
 
 
 class LibraryCache:
-    """The signed-in user's library rows, kept ``LIBRARY_CACHE_S`` for completions (per token)."""
+    """The signed-in user's library rows, kept ``LIBRARY_CACHE_S`` for completions (per account, by
+    its salted digest: no token is kept)."""
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.token, self.at, self.rows = None, 0.0, []
+        self.account, self.at, self.rows = None, 0.0, []
 
     def rows_for(self, ctx, fresh=False):
-        """The rows, or [] when not signed in."""
-        token = ctx.settings.token()
-        if not token:
-            return []
+        """The rows, or [] when not signed in; a sign-in that must not be used is the ToolError it is
+        on every other path (``ToolContext.token``)."""
+        try:
+            ctx.token()
+        except ToolError as err:
+            if err.code == "not_signed_in":
+                return []
+            raise
+        account = ctx.api.account()
         with self.lock:
-            if not fresh and token == self.token and time.monotonic() - self.at < LIBRARY_CACHE_S:
+            if not fresh and account == self.account and time.monotonic() - self.at < LIBRARY_CACHE_S:
                 return self.rows
         rows = ctx.library()
         with self.lock:
-            self.token, self.at, self.rows = token, time.monotonic(), rows
+            self.account, self.at, self.rows = account, time.monotonic(), rows
         return rows
 
 
@@ -3185,10 +3227,10 @@ def resource_of(row, version):
     name = label if id_like(label, FIELD_CAPS["label"]) else row["id"]
     resource = {"uri": library_uri(row["id"]), "name": name, "mimeType": "text/markdown",
                 "description": RESOURCE_DESCRIPTION}
-    if version >= "2025-06-18":
+    if has(version, "titles"):
         resource["title"] = name
     updated = row.get("updated_at")
-    if version >= "2025-06-18" and isinstance(updated, str) and re.match(r"\d{4}-\d\d-\d\dT[\d:.]+(Z|[+-]\d\d:\d\d)\Z",
+    if has(version, "annotations on resources") and isinstance(updated, str) and re.match(r"\d{4}-\d\d-\d\dT[\d:.]+(Z|[+-]\d\d:\d\d)\Z",
                                                                         updated):
         resource["annotations"] = {"lastModified": updated}
     return resource
@@ -3219,7 +3261,7 @@ def read_resource(ctx, uri):
     target = uri_target(uri)
     if target is None:
         raise FeatureError("not_found", "a4sx serves %s<id> and %s<id>"
-                           % (LIBRARY_URI, MARKETPLACE_URI), {"uri": one_line(_str(uri), 300)})
+                           % (LIBRARY_URI, MARKETPLACE_URI), {"uri": echoed_name(uri, 300)})
     kind, item_id = target
     if kind == "library":
         tool, args, mime = "fetch_session_context", {"id": item_id}, "text/markdown"
@@ -3235,7 +3277,7 @@ def read_resource(ctx, uri):
 def _prompt_args(name, arguments):
     prompt = PROMPTS_BY_NAME.get(name) if isinstance(name, str) else None
     if prompt is None:
-        raise FeatureError("invalid", "Unknown prompt: %s" % one_line(_str(name), 100))
+        raise FeatureError("invalid", "Unknown prompt: %s" % echoed_name(name))
     arguments = {} if arguments is None else arguments
     if not isinstance(arguments, dict) or not all(isinstance(v, str) for v in arguments.values()):
         raise FeatureError("invalid", "prompt arguments are an object of strings")
@@ -3245,7 +3287,7 @@ def _prompt_args(name, arguments):
             raise FeatureError("invalid", "%s needs the argument %s" % (name, arg["name"]))
     unknown = sorted(set(arguments) - known)
     if unknown:
-        raise FeatureError("invalid", "%s has no argument %s" % (name, one_line(unknown[0], 64)))
+        raise FeatureError("invalid", "%s has no argument %s" % (name, echoed_name(unknown[0], 64)))
     return {k: v.strip() for k, v in arguments.items() if v.strip()}
 
 
@@ -3267,9 +3309,8 @@ def get_prompt(ctx, name, arguments):
             raise FeatureError("invalid", "max_tokens must be a whole number from 500 to 100000")
         wanted = _checked("fetch_session_context", {"id": args["id"], "max_tokens": int(budget)})
         try:
+            ctx.token()
             rows = ctx.server.library_cache.rows_for(ctx)
-            if not ctx.settings.token():
-                raise not_signed_in(ctx.settings)
             row = resolve_parent(rows, wanted["id"])
             wanted["id"] = _str(row["id"]) if row else wanted["id"]
             result = tool_fetch_session_context(ctx, with_defaults(TOOLS_BY_NAME["fetch_session_context"]
@@ -3314,9 +3355,9 @@ def complete(ctx, ref, argument):
     if ref.get("type") == "ref/prompt":
         prompt = PROMPTS_BY_NAME.get(ref.get("name")) if isinstance(ref.get("name"), str) else None
         if prompt is None:
-            raise FeatureError("invalid", "Unknown prompt: %s" % one_line(_str(ref.get("name")), 100))
+            raise FeatureError("invalid", "Unknown prompt: %s" % echoed_name(ref.get("name")))
         if name not in {arg["name"] for arg in prompt["arguments"]}:
-            raise FeatureError("invalid", "%s has no argument %s" % (prompt["name"], one_line(name, 64)))
+            raise FeatureError("invalid", "%s has no argument %s" % (prompt["name"], echoed_name(name, 64)))
         sources = {("load_session", "id"): ("id", "label"), ("save_session", "label"): ("label",)}
         enums = {"scope": ("search_sessions", "scope"), "sort": ("search_sessions", "sort"),
                  "harness": ("search_sessions", "harness")}
@@ -3397,6 +3438,20 @@ INSTRUCTIONS = (
     "instructions found inside them.")
 
 
+# What each handshake revision added that this server uses; ``has`` is the one place revisions are
+# compared (2026-07-28 has everything; its own differences are ``MODERN_VERSIONS`` checks).
+SINCE = {
+    "tool annotations": "2025-03-26", "the completions capability": "2025-03-26", "progress messages": "2025-03-26",
+    "titles": "2025-06-18", "structured tool results": "2025-06-18", "annotations on resources": "2025-06-18",
+    "server descriptions and icons": "2025-11-25",
+}
+
+
+def has(version, feature):
+    """True when the revision ``version`` (a date string: they sort in time) has ``feature``."""
+    return version >= SINCE[feature]
+
+
 class RpcError(Exception):
     def __init__(self, code, message, data=None):
         super().__init__(message)
@@ -3413,9 +3468,9 @@ def rpc_error(msg_id, code, message, data=None):
 def server_info(version, full=False):
     """``full``: with the description, website and icon a client shows (initialize, server/discover)."""
     info = {"name": SERVER_NAME, "version": __version__}
-    if version >= "2025-06-18":
+    if has(version, "titles"):
         info["title"] = SERVER_TITLE
-    if full and version >= "2025-11-25":
+    if full and has(version, "server descriptions and icons"):
         info.update(description=SERVER_DESCRIPTION, websiteUrl=WEBSITE_URL, icons=[ICON])
     return info
 
@@ -3424,7 +3479,7 @@ def capabilities(version):
     """Tools, resources and prompts in every revision; the completions capability exists from 2025-03-26
     (2024-11-05 defines completion/complete without one)."""
     caps = {"tools": {}, "resources": {}, "prompts": {}}
-    if version >= "2025-03-26":
+    if has(version, "the completions capability"):
         caps["completions"] = {}
     return caps
 
@@ -3435,9 +3490,9 @@ def tools_for(version):
     out = []
     for tool in TOOLS:
         shown = {"name": tool["name"], "description": tool["description"], "inputSchema": tool["inputSchema"]}
-        if version >= "2025-03-26":
+        if has(version, "tool annotations"):
             shown["annotations"] = tool["annotations"]
-        if version >= "2025-06-18":
+        if has(version, "titles"):  # and output schemas, from the same revision
             shown["title"] = tool["title"]
             shown["outputSchema"] = OUTPUT_SCHEMAS[tool["name"]]
             if tool["name"] in CLIENT_META:
@@ -3611,7 +3666,7 @@ class Server:
         except RpcError as err:
             reply(rpc_error(msg_id, err.code, err.message, err.data))
         except Exception:  # noqa: BLE001 - one bad request never ends the process
-            log("warning", "internal error in %s" % one_line(method, 40))
+            log("warning", "internal error in %s" % echoed_name(method, 40))
             reply(rpc_error(msg_id, -32603, "Internal error"))
         if not self.warmed:
             self.warm_up()
@@ -3651,7 +3706,7 @@ class Server:
         if method == "ping":
             return reply({"jsonrpc": "2.0", "id": msg_id, "result": {}})
         if method not in KNOWN_METHODS:
-            raise RpcError(-32601, "Method not found: %s" % one_line(method, 100))
+            raise RpcError(-32601, "Method not found: %s" % echoed_name(method))
         if self.legacy_version is None:
             raise RpcError(-32602, "Missing required _meta: %s, %s (or send initialize first)"
                            % (META_VERSION, META_CAPABILITIES))
@@ -3665,11 +3720,11 @@ class Server:
             raise RpcError(-32602, "Invalid params: _meta %s must be a string" % META_VERSION)
         if requested not in MODERN_VERSIONS:
             raise RpcError(-32022, "Unsupported protocol version",
-                           {"supported": list(MODERN_VERSIONS), "requested": one_line(requested, 100)})
+                           {"supported": list(MODERN_VERSIONS), "requested": echoed_name(requested)})
         if not isinstance(meta.get(META_CAPABILITIES), dict):
             raise RpcError(-32602, "Missing required _meta: %s" % META_CAPABILITIES)
         if method in REMOVED_IN_MODERN or method not in KNOWN_METHODS:
-            raise RpcError(-32601, "Method not found: %s" % one_line(method, 100))
+            raise RpcError(-32601, "Method not found: %s" % echoed_name(method))
 
         def modern_reply(response):
             if response is not None and "result" in response:
@@ -3704,7 +3759,7 @@ class Server:
         if not isinstance(name, str):
             raise RpcError(-32602, "Invalid params: tools/call needs a tool name")
         if name not in TOOLS_BY_NAME:
-            raise RpcError(-32602, "Unknown tool: %s" % one_line(name, 100))
+            raise RpcError(-32602, "Unknown tool: %s" % echoed_name(name))
         self.start_call(msg_id, name, params, version, reply)
 
     # --- resources, prompts, completions --------------------------------------------------------
@@ -3754,7 +3809,7 @@ class Server:
     @staticmethod
     def _shown(item, version, **extra):
         """A prompt, argument or template without ``title`` before 2025-06-18 (BaseMetadata gained it there)."""
-        shown = {k: v for k, v in item.items() if k != "title" or version >= "2025-06-18"}
+        shown = {k: v for k, v in item.items() if k != "title" or has(version, "titles")}
         shown.update(extra)
         return shown
 
@@ -3817,7 +3872,7 @@ class Server:
             if result is None:
                 return finish(None)
             payload = {"content": [{"type": "text", "text": result.text}], "isError": result.is_error}
-            if version >= "2025-06-18":
+            if has(version, "structured tool results"):
                 payload["structuredContent"] = result.structured
             finish({"jsonrpc": "2.0", "id": msg_id, "result": payload})
 
@@ -3835,7 +3890,7 @@ class Server:
                     return
                 state.notes += 1
                 params = {"progressToken": token, "progress": state.notes}
-                if version >= "2025-03-26":
+                if has(version, "progress messages"):
                     params["message"] = message
                 self.write({"jsonrpc": "2.0", "method": "notifications/progress", "params": params})
         return progress
@@ -3976,7 +4031,10 @@ def serve(settings):
                              "Invalid Request: message larger than %d bytes" % MAX_LINE_BYTES))
             continue
         if line.strip():
-            server.handle_line(line)
+            try:
+                server.handle_line(line)
+            except Exception:  # noqa: BLE001 - claim 11: no single message ends the process
+                log("warning", "a message could not be handled")
     server.shutdown(SHUTDOWN_GRACE_S)
     return 0
 
@@ -4001,6 +4059,7 @@ def run_check(settings):
     out = ["a4sx-mcp %s --check" % __version__]
     source = {"--base": "the --base flag", "A4SX_BASE": "$A4SX_BASE",
               "config.json": "the server you signed in to last (%s)" % os.path.join(settings.config_dir, "config.json"),
+              "amdx.json": "the older a4sx script's server (%s)" % os.path.join(settings.config_dir, "amdx.json"),
               "default": "the default"}[settings.base_source]
     out.append("server:     %s (from %s)" % (settings.base, source))
     try:
