@@ -573,6 +573,7 @@ GOOD_ARGS = {
     "acquire_session": [{"id": "l-1"}, {"id": "paid-1"}],
     "fetch_session_context": [{"id": "s-1"}, {"id": "s-1", "include_tool_calls": True, "max_tokens": 500}],
     "publish_session": [{"transcript": FUZZ_TRANSCRIPT}, {"transcript": "{}"}],
+    "publish_local_session": [{}, {"session": "fuzz-missing"}],  # no session files in the test's HOME
 }
 FUZZ_METHODS = ["ping", "tools/list", "tools/call", "tools/call", "tools/call", "tools/call", "server/discover",
                 "initialize", "resources/list", "prompts/list", "logging/setLevel", "completion/complete",
