@@ -6940,25 +6940,18 @@ def cc_model_text(block):
     return text if cut < 0 else text[:cut]
 
 
-class FakeModelApi:
-    """The Anthropic Messages API as Claude Code uses it, scripted, on 127.0.0.1.
+class ScriptedApi:
+    """A scripted model API on 127.0.0.1 for a real agent CLI: the HTTP server, its request log
+    (without keys) and the send helper. A subclass answers each request in ``_answer``:
+    ``(status, JSON answer, or None and an event stream)``."""
 
-    A request offering tools is a turn of the main loop: the tool_result blocks it carries are
-    recorded against the tool_use ids handed out, and the answer is the next scripted tool_use (or
-    a closing text once all are done). Anything else (a side query) gets a short text. Streaming
-    (SSE) and plain JSON answers both work; every request is logged, without its key."""
-
-    def __init__(self, calls, prefix="mcp__a4sx__"):
-        self.calls, self.prefix = list(calls), prefix
-        self.pending = {}   # tool_use id -> index into calls
-        self.results = {}   # index into calls -> tool_result block
+    def __init__(self, name):
         self.log = []
-        self.next_call = 0
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
         self.base = "http://127.0.0.1:%d" % self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, name="fake-model-api", daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, name=name, daemon=True).start()
 
     def stop(self):
         self.server.shutdown()
@@ -6978,29 +6971,60 @@ class FakeModelApi:
                 try:
                     body = json.loads(raw) if raw else {}
                 except ValueError:
-                    body = {"<unparsed>": raw[:200].decode("utf-8", "replace")}
-                path = self.path.split("?")[0]
+                    body = {}
+                body = body if isinstance(body, dict) else {}
                 with api.lock:
-                    entry = {"method": self.command, "path": self.path,
-                             "tools": [t.get("name") for t in body.get("tools") or [] if isinstance(t, dict)]}
+                    entry = {"method": self.command, "path": self.path}
                     api.log.append(entry)
-                    if self.command == "POST" and path == "/v1/messages":
-                        status, answer = 200, api._turn(body, entry)
-                    elif self.command == "POST" and path == "/v1/messages/count_tokens":
-                        status, answer = 200, {"input_tokens": 10}
-                    elif path == "/api/hello":  # the CLI's reachability probe (when not disabled)
-                        status, answer = 200, {}
-                    else:
-                        status, answer = 404, {"type": "error", "error": {"type": "not_found_error",
-                                                                         "message": "fake API: no " + path}}
+                    status, answer, stream = api._answer(self.command, self.path.split("?")[0], body, entry)
                     entry["status"] = status
-                if status == 200 and self.command == "POST" and path == "/v1/messages" and body.get("stream"):
-                    return api._send(self, 200, api._sse(answer), "text/event-stream")
-                api._send(self, status, json.dumps(answer).encode(), "application/json")
+                if stream is not None:
+                    return api._send(self, stream, "text/event-stream")
+                api._send(self, json.dumps(answer).encode(), "application/json", status)
 
             do_GET = do_POST = do_HEAD = do_PUT = do_DELETE = handle_one
 
         return Handler
+
+    @staticmethod
+    def _send(handler, data, content_type, status=200):
+        handler.send_response(status)
+        handler.send_header("content-type", content_type)
+        handler.send_header("content-length", str(len(data)))
+        handler.end_headers()
+        if handler.command != "HEAD":
+            handler.wfile.write(data)
+
+    def diag(self):
+        with self.lock:
+            return "\n--- %s log ---\n" % type(self).__name__ + "\n".join(json.dumps(e) for e in self.log)
+
+
+class FakeModelApi(ScriptedApi):
+    """The Anthropic Messages API as Claude Code uses it, scripted, on 127.0.0.1.
+
+    A request offering tools is a turn of the main loop: the tool_result blocks it carries are
+    recorded against the tool_use ids handed out, and the answer is the next scripted tool_use (or
+    a closing text once all are done). Anything else (a side query) gets a short text. Streaming
+    (SSE) and plain JSON answers both work; every request is logged, without its key."""
+
+    def __init__(self, calls, prefix="mcp__a4sx__"):
+        self.calls, self.prefix = list(calls), prefix
+        self.pending = {}   # tool_use id -> index into calls
+        self.results = {}   # index into calls -> tool_result block
+        self.next_call = 0
+        super().__init__("fake-model-api")
+
+    def _answer(self, command, path, body, entry):
+        entry["tools"] = [t.get("name") for t in body.get("tools") or [] if isinstance(t, dict)]
+        if command == "POST" and path == "/v1/messages":
+            answer = self._turn(body, entry)
+            return 200, answer, self._sse(answer) if body.get("stream") else None
+        if command == "POST" and path == "/v1/messages/count_tokens":
+            return 200, {"input_tokens": 10}, None
+        if path == "/api/hello":  # the CLI's reachability probe (when not disabled)
+            return 200, {}, None
+        return 404, {"type": "error", "error": {"type": "not_found_error", "message": "fake API: no " + path}}, None
 
     def _turn(self, body, entry):
         """One answer of the scripted model (called with the lock held)."""
@@ -7048,18 +7072,6 @@ class FakeModelApi:
         return b"".join(b"event: %s\ndata: %s\n\n" % (name.encode(), json.dumps(data).encode())
                         for name, data in events)
 
-    @staticmethod
-    def _send(handler, status, data, content_type):
-        handler.send_response(status)
-        handler.send_header("content-type", content_type)
-        handler.send_header("content-length", str(len(data)))
-        handler.end_headers()
-        if handler.command != "HEAD":
-            handler.wfile.write(data)
-
-    def diag(self):
-        with self.lock:
-            return "\n--- fake model API log ---\n" + "\n".join(json.dumps(e) for e in self.log)
 
 
 class ProxyTrap:
@@ -7089,6 +7101,38 @@ class ProxyTrap:
 
     def stop(self):
         self.sock.close()
+
+
+def run_agent_cli(cmd, cwd, environ, fakes, timeout):
+    """Runs an agent CLI to its end, in its own process group so that a timeout also ends the MCP
+    server it started; then stops its fake services. ``(rc, stdout, stderr, seconds)``."""
+    started = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=str(cwd), env=environ, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        rc = "killed after a %ss timeout" % timeout
+    finally:
+        for fake in fakes:
+            fake.stop()
+    return rc, out, err, time.monotonic() - started
+
+
+def claude_finished(rc, out, trap, ctx):
+    """Claude Code's final JSON of a run that ended well: nothing left loopback, exit 0, the
+    scripted closing text; ``ctx()`` explains a failure."""
+    assert trap.hits == [], "Claude Code tried to leave loopback: %s" % trap.hits + ctx()
+    assert rc == 0, "claude failed" + ctx()
+    try:
+        final = json.loads(out)
+    except ValueError:
+        pytest.fail("claude --output-format json printed no JSON" + ctx())
+    assert final.get("is_error") is False and final.get("result") == "All a4sx calls done.", "final answer" + ctx()
+    return final
 
 
 def _claude_offline_env(home, api, trap):
@@ -7148,37 +7192,17 @@ def test_claude_code_hands_the_model_the_framed_structured_copy(env, stub, token
            "--mcp-config", str(mcp_config), "--strict-mcp-config", "--no-session-persistence",
            "--allowedTools", ",".join("mcp__a4sx__" + name for name in CC_TOOLS),
            "--debug-file", str(debug_log)]
-    started = time.monotonic()
-    # its own process group, so a timeout also ends the MCP server it started
     environ = _claude_offline_env(home, api, trap)
     if negotiation == "legacy":
         environ["MCP_PROTOCOL_NEGOTIATION"] = "legacy"
-    proc = subprocess.Popen(cmd, cwd=str(work), env=environ, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=CC_TIMEOUT_S)
-        rc = proc.returncode
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        rc = "killed after a %ss timeout" % CC_TIMEOUT_S
-    finally:
-        api.stop()
-        trap.stop()
-    elapsed = time.monotonic() - started
+    rc, out, err, elapsed = run_agent_cli(cmd, work, environ, (api, trap), CC_TIMEOUT_S)
 
     def ctx():
         tail = srv._read(debug_log, 6000) if debug_log.exists() else "<none>"
         return ("\nclaude rc=%s in %.1fs\nstdout=%s\nstderr=%s%s%s\n--- claude debug log (tail) ---\n%s"
                 % (rc, elapsed, (out or "")[-3000:], (err or "")[-3000:], api.diag(), srv.diag(), tail))
 
-    assert trap.hits == [], "Claude Code tried to leave loopback: %s" % trap.hits + ctx()
-    assert rc == 0, "claude failed" + ctx()
-    try:
-        final = json.loads(out)
-    except ValueError:
-        pytest.fail("claude --output-format json printed no JSON" + ctx())
-    assert final.get("is_error") is False and final.get("result") == "All a4sx calls done.", "final answer" + ctx()
+    final = claude_finished(rc, out, trap, ctx)
     offered = next((e["tools"] for e in api.log if e["tools"]), [])
     missing = [n for n in CC_TOOLS if "mcp__a4sx__" + n not in offered]
     assert not missing, "a4sx tools not offered to the model: %s (MCP not connected?)" % missing + ctx()
@@ -7267,20 +7291,7 @@ def test_claude_code_saves_its_own_session(env, stub, token, tmp_path, spawn, ca
            "--mcp-config", str(mcp_config), "--strict-mcp-config",
            "--tools", "", "--disable-slash-commands", "--system-prompt", "You are a test assistant.",
            "--allowedTools", ",".join(sorted({"mcp__a4sx__" + c[0] for c in calls})), "--debug-file", str(debug_log)]
-    started = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=str(work), env=_claude_offline_env(home, api, trap), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=CC_TIMEOUT_S)
-        rc = proc.returncode
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        rc = "killed after a %ss timeout" % CC_TIMEOUT_S
-    finally:
-        api.stop()
-        trap.stop()
-    elapsed = time.monotonic() - started
+    rc, out, err, elapsed = run_agent_cli(cmd, work, _claude_offline_env(home, api, trap), (api, trap), CC_TIMEOUT_S)
     transcripts = sorted((home / ".claude" / "projects").glob("*/*.jsonl"))
 
     def ctx():
@@ -7288,13 +7299,7 @@ def test_claude_code_saves_its_own_session(env, stub, token, tmp_path, spawn, ca
         return ("\nclaude rc=%s in %.1fs\nstdout=%s\nstderr=%s\ntranscripts=%s%s%s\n--- claude debug log (tail) ---\n%s"
                 % (rc, elapsed, (out or "")[-3000:], (err or "")[-3000:], transcripts, api.diag(), srv.diag(), tail))
 
-    assert trap.hits == [], "Claude Code tried to leave loopback: %s" % trap.hits + ctx()
-    assert rc == 0, "claude failed" + ctx()
-    try:
-        final = json.loads(out)
-    except ValueError:
-        pytest.fail("claude --output-format json printed no JSON" + ctx())
-    assert final.get("is_error") is False and final.get("result") == "All a4sx calls done.", "final answer" + ctx()
+    final = claude_finished(rc, out, trap, ctx)
     assert sorted(api.results) == list(range(len(calls))), "tool_result blocks received" + ctx()
     _, wire = _cc_wire(srv)
     assert [name for name, _ in wire] == [c[0] for c in calls], "tools/call on the wire" + ctx()
@@ -7366,7 +7371,7 @@ CODEX_CASES = {
 }
 
 
-class FakeResponsesApi:
+class FakeResponsesApi(ScriptedApi):
     """The OpenAI Responses API as Codex CLI 0.169.0 uses it (POST /v1/responses, SSE), scripted,
     on 127.0.0.1. A request offering the client-side tool_search is a turn of the main loop: until
     the a4sx tools are callable (a tool_search_output in the input made them so) the answer is a
@@ -7380,56 +7385,19 @@ class FakeResponsesApi:
         self.calls, self.namespace = list(calls), namespace
         self.handed = []    # (tool, call_id) in order
         self.outputs = {}   # call_id -> function_call_output item
-        self.log = []
-        self.lock = threading.Lock()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.server.daemon_threads = True
-        self.base = "http://127.0.0.1:%d" % self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, name="fake-responses-api", daemon=True).start()
+        super().__init__("fake-responses-api")
 
     def provider(self, name="fake"):
         """The -c value that makes this API a model provider of codex."""
         return ('model_providers.%s={name="%s",base_url="%s/v1",wire_api="responses",env_key="OPENAI_API_KEY"}'
                 % (name, name, self.base))
 
-    def stop(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-    def _handler(self):
-        api = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
-            def handle_one(self):
-                raw = self.rfile.read(int(self.headers.get("content-length") or 0))
-                try:
-                    body = json.loads(raw) if raw else {}
-                except ValueError:
-                    body = {}
-                body = body if isinstance(body, dict) else {}
-                path = self.path.split("?")[0]
-                with api.lock:
-                    entry = {"method": self.command, "path": self.path}
-                    api.log.append(entry)
-                    if self.command == "POST" and path.endswith("/responses"):
-                        status, answer = 200, api._turn(body, entry)
-                    elif path.endswith("/models"):
-                        status, answer = 200, {"models": [], "data": [], "object": "list"}
-                    else:
-                        status, answer = 404, {"error": {"type": "not_found", "message": "fake API: no " + path}}
-                    entry["status"] = status
-                if status == 200 and isinstance(answer, list):
-                    return api._send(self, api._sse(answer), "text/event-stream")
-                api._send(self, json.dumps(answer).encode(), "application/json", status)
-
-            do_GET = do_POST = do_HEAD = do_PUT = do_DELETE = handle_one
-
-        return Handler
+    def _answer(self, command, path, body, entry):
+        if command == "POST" and path.endswith("/responses"):
+            return 200, None, self._sse(self._turn(body, entry))
+        if path.endswith("/models"):
+            return 200, {"models": [], "data": [], "object": "list"}, None
+        return 404, {"error": {"type": "not_found", "message": "fake API: no " + path}}, None
 
     def _turn(self, body, entry):
         """The output items of one answer (called with the lock held)."""
@@ -7490,18 +7458,6 @@ class FakeResponsesApi:
         return b"".join(b"event: %s\ndata: %s\n\n" % (name.encode(), json.dumps(data).encode())
                         for name, data in events)
 
-    @staticmethod
-    def _send(handler, data, content_type, status=200):
-        handler.send_response(status)
-        handler.send_header("content-type", content_type)
-        handler.send_header("content-length", str(len(data)))
-        handler.end_headers()
-        if handler.command != "HEAD":
-            handler.wfile.write(data)
-
-    def diag(self):
-        with self.lock:
-            return "\n--- fake Responses API log ---\n" + "\n".join(json.dumps(e) for e in self.log)
 
 
 def _toml(value):
@@ -7556,20 +7512,7 @@ def test_codex_saves_its_own_session(env, stub, token, spawn, tmp_path, case):
                "HTTPS_PROXY": trap.url, "HTTP_PROXY": trap.url, "ALL_PROXY": trap.url,
                "https_proxy": trap.url, "http_proxy": trap.url, "all_proxy": trap.url,
                "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
-    started = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=str(work), env=environ, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=CODEX_TIMEOUT_S)
-        rc = proc.returncode
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        rc = "killed after a %ss timeout" % CODEX_TIMEOUT_S
-    finally:
-        api.stop()
-        trap.stop()
-    elapsed = time.monotonic() - started
+    rc, out, err, elapsed = run_agent_cli(cmd, work, environ, (api, trap), CODEX_TIMEOUT_S)
 
     def ctx():
         return "\ncodex rc=%s in %.1fs\nstdout=%s\nstderr=%s%s%s" % (

@@ -435,6 +435,17 @@ def print_table(rows, mode):
 
 # --- the run -------------------------------------------------------------------------------------
 
+def signed_in_stub(rng):
+    """``(stub, token, config dir)``: a stub that accepts a fresh token, stored as `a4sx login` does."""
+    stub = Stub()
+    token = "bench-" + "".join(rng.choice("0123456789abcdef") for _ in range(24))
+    stub.tokens.add(token)
+    cfg = tempfile.mkdtemp(prefix="a4sx-bench-")
+    with open(os.open(os.path.join(cfg, "credentials.json"), os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+        json.dump({stub.base: token}, f)
+    return stub, token, cfg
+
+
 def setup(rng, mode):
     """The synthetic data, a stub holding it, a signed-in config dir and the servers' environment."""
     data = {"big": transcript(rng, FETCH_BYTES, "bench-fetch"),
@@ -445,12 +456,7 @@ def setup(rng, mode):
     import py_compile
 
     py_compile.compile(SERVER, cfile=importlib.util.cache_from_source(SERVER), doraise=True)  # as pip installs it
-    stub = Stub()
-    token = "bench-" + "".join(rng.choice("0123456789abcdef") for _ in range(24))
-    stub.tokens.add(token)
-    cfg = tempfile.mkdtemp(prefix="a4sx-bench-")
-    with open(os.open(os.path.join(cfg, "credentials.json"), os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
-        json.dump({stub.base: token}, f)
+    stub, token, cfg = signed_in_stub(rng)
     heavy = [heavy_listing(rng, i) for i in range(50)]
     stub.listings.update((item["id"], item) for item in heavy)
     stub.bundles["bench-big"] = bundle("bench-big", {"transcript.jsonl": data["big"][0]}, title="A long session")
@@ -679,12 +685,7 @@ def local_measure(sizes, reps):
     the server's and the scrub worker's peak RSS growth against the file, the largest gap between
     two progress notes."""
     rng = random.Random(20261202)
-    stub = Stub()
-    token = "bench-" + "".join(rng.choice("0123456789abcdef") for _ in range(24))
-    stub.tokens.add(token)
-    cfg = tempfile.mkdtemp(prefix="a4sx-bench-local-")
-    with open(os.open(os.path.join(cfg, "credentials.json"), os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
-        json.dump({stub.base: token}, f)
+    stub, token, cfg = signed_in_stub(rng)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("A4SX_", "CLAUDE_", "CODEX_"))}
     env.update(A4SX_CONFIG_DIR=cfg, HOME=cfg, A4SX_MCP_PUBLISH_PER_MIN="0", A4SX_MCP_PER_MIN="0")
     from a4sx import scrub
