@@ -860,7 +860,17 @@ def _read_body(resp, cap, conn, deadline):
     if announced is not None and announced > cap:
         resp.close()
         raise NetworkError("the answer was larger than %s, the most this request accepts" % _size(cap))
-    payload = resp.read() if announced is not None else resp.read(cap + 1)
+    if announced is not None and not resp.chunked:  # http.client reads exactly the announced bytes
+        payload = resp.read()
+    else:  # no length, or chunked (which http.client reads to its end whatever Content-Length says)
+        parts, size = [], 0
+        while size <= cap:
+            part = resp.read1(min(MiB, cap + 1 - size))
+            if not part:
+                break
+            parts.append(part)
+            size += len(part)
+        payload = b"".join(parts)
     if len(payload) > cap:
         raise NetworkError("the answer was larger than %s, the most this request accepts" % _size(cap))
     return payload
@@ -3022,13 +3032,15 @@ def publish_checked(ctx, held, args, into=None, local=False):
                         "returned, not saved twice." % headers["Idempotency-Key"],
                         idempotency_key=headers["Idempotency-Key"], status=status)
     # the entry the version went into (by label, or deduplicated into) may hold another author's content
+    unknown = False
     if body.get("deduped") is True and not rows:
         try:
             rows = ctx.library()
-        except ToolError:
+        except ToolError:  # fail closed: the entry it went into may hold another author's content
             log("warning", "could not list the library to check a deduplicated entry")
+            unknown = True
         untrusted_of = rows_untrusted(rows, base)
-    untrusted = publish_taint(lineage, framed, parent_row, collection, rows, untrusted_of)
+    untrusted = unknown or publish_taint(lineage, framed, parent_row, collection, rows, untrusted_of)
     if untrusted:
         try:
             mark_untrusted(base, collection)
@@ -3361,7 +3373,7 @@ def get_prompt(ctx, name, arguments):
             ctx.token()
             rows = ctx.server.library_cache.rows_for(ctx)
             row = resolve_parent(rows, wanted["id"])
-            wanted["id"] = _str(row["id"]) if row else wanted["id"]
+            wanted["id"] = row["id"] if row and id_like(row.get("id")) else wanted["id"]  # a name, never prose
             result = tool_fetch_session_context(ctx, with_defaults(TOOLS_BY_NAME["fetch_session_context"]
                                                                     ["inputSchema"], wanted))
         except ToolError as err:
@@ -4013,8 +4025,9 @@ def serve(settings):
 
 
 def _exit_on_sigterm(writer):
-    """SIGTERM is how MCP clients end a server that did not exit on stdin EOF: exit 0, promptly,
-    never in the middle of a line."""
+    """SIGTERM is how MCP clients end a server that did not exit on stdin EOF: exit 0 promptly, once
+    a line being written by a worker thread is done (waiting at most 2 s; a line the main thread was
+    writing itself, or one blocked that long on a full pipe, can be cut)."""
     def stop(signum, frame):
         SCRUB_WORKER.stop()
         writer.lock.acquire(timeout=2)

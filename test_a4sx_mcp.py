@@ -2681,6 +2681,38 @@ HOSTILE_ROUTES = [("search_sessions", {}, "GET /memory/discover", 3 << 20),
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_chunked_answer_is_held_to_the_cap_whatever_its_content_length(env):
+    """Found by the issue 16 review: http.client reads a chunked body to its end and ignores a
+    Content-Length beside it, so an announced length below the cap must not mean "read it all"."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    sent = []
+
+    def hostile():
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 2\r\n\r\n")
+            try:
+                for _ in range(256):  # 16 MiB in 64 KiB chunks (more than loopback buffers), against a 64 KiB cap
+                    conn.sendall(b"10000\r\n" + b"x" * 65536 + b"\r\n")
+                    sent.append(1)
+                conn.sendall(b"0\r\n\r\n")
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=hostile, daemon=True)
+    thread.start()
+    api = a4sx_mcp.Api(a4sx_mcp.Settings("http://127.0.0.1:%d" % listener.getsockname()[1]))
+    with pytest.raises(a4sx_mcp.NetworkError, match="larger than 64 KiB"):
+        api.send("health")
+    api.close()
+    listener.close()
+    thread.join(10)
+    assert len(sent) < 256, "the whole hostile body was read"
+
+
 def test_hostile_answers_on_every_route_stay_within_the_memory_bound(mcp, stub, token):
     seed_stub(stub)
     pid = mcp.proc.pid
@@ -4221,6 +4253,11 @@ def test_publish_keeps_the_taint_of_another_authors_content(spawn, stub, token, 
     stub.queue("POST /library/push", 200, {"collection": "lib-acq", "version": "1", "deduped": True})
     saved = publish([claude_record("user", "same bytes", session_id="fresh-7")])
     assert saved["library_id"] == "lib-acq" and saved["deduped"] is True and saved["untrusted"] is True
+    # deduplicated into an entry whose provenance cannot be listed: untrusted (fail closed, issue 16 review)
+    stub.queue("POST /library/push", 200, {"collection": "lib-own-x", "version": "1", "deduped": True})
+    stub.queue("GET /library/sessions", 503, {})
+    saved = publish([claude_record("user", "same bytes again", session_id="fresh-8")])
+    assert saved["library_id"] == "lib-own-x" and saved["untrusted"] is True
     # controls: own framed content, the notice words alone, and an own entry by label stay trusted
     before = marked()
     for records, args in (([claude_record("user", own_framed, session_id="own-1")], {}),
