@@ -1366,7 +1366,7 @@ _RECORD_TYPE = re.compile(r"[A-Za-z][A-Za-z0-9_.:-]{0,63}\Z")
 
 
 def _record_problem(record, first, session_id):
-    """Why a record (not the first) does not belong to the transcript whose first record is
+    """Why a record (the first one too) does not belong to the transcript whose first record is
     ``first``, or None. ``session_id``: the Claude Code session's id, once a record has named it."""
     kind = record["type"]
     if first.get("type") == "session_meta":
