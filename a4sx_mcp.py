@@ -685,9 +685,11 @@ class Api:
         del payload  # _parse frees the bytes once they are decoded
         return status, _parse(held)
 
-    def account(self):
-        """Which account the stored token is for, as a salted digest (the token is not kept)."""
-        return lazy("hashlib").sha256(self.salt + (self.settings.token() or "").encode("utf-8", "replace")).hexdigest()[:16]
+    def account(self, token=None):
+        """Which account the stored token (or ``token``, just read) is for, as a salted digest (the
+        token is not kept)."""
+        token = self.settings.token() if token is None else token
+        return lazy("hashlib").sha256(self.salt + (token or "").encode("utf-8", "replace")).hexdigest()[:16]
 
     def _redirect_target(self, current, location):
         """The path and query to request next, or None: another origin, credentials in the URL, or a
@@ -1050,7 +1052,7 @@ def one_line(text, cap):
 def echoed_name(value, cap=100):
     """A name the client or the model wrote (an argument, prompt, method or tool name, a protocol
     version), echoed in an error message: one line, neutralised, at most ``cap`` characters."""
-    return one_line(value if isinstance(value, str) else ("" if value is None else str(value)), cap)
+    return one_line(_str(value), cap)
 
 
 def _one_line_whole(text):
@@ -1403,9 +1405,10 @@ def check_transcript(data):
             return "line %d has no string \"type\"" % number
         if not _RECORD_TYPE.match(record["type"]):  # echoed only when it is a plain name
             return "line %d has a record type that no supported harness writes" % number
-        first = first or record
-        if first.get("type") == "session_meta" and not isinstance(first.get("payload"), dict):
-            return "line %d is a session_meta record without a payload object" % number
+        if first is None:
+            first = record
+            if first.get("type") == "session_meta" and not isinstance(first.get("payload"), dict):
+                return "line %d is a session_meta record without a payload object" % number
         problem = _record_problem(record, first, session_id)
         if problem:
             return "line %d (record type %s) %s" % (number, json.dumps(record["type"]), problem)
@@ -1948,8 +1951,9 @@ def find_session(settings, wanted, meta, cancel):
 
     ``current``: Claude Code's transcript that holds this call's ``claudecode/toolUseId`` (waiting up
     to TURN_WAIT_S for the client to write it), else Codex CLI's rollout named by this call's
-    ``x-codex-turn-metadata.session_id`` once it holds the call (``callId``), else the file of ``$CLAUDE_CODE_SESSION_ID`` unless another
-    session of the same project was written since this server started (after ``/clear`` the variable
+    ``x-codex-turn-metadata.session_id`` once it holds the call (``callId``), else the file of
+    ``$CLAUDE_CODE_SESSION_ID`` unless another session of the same project was written since this
+    server started (after ``/clear`` the variable
     names the session before it; a parallel run looks the same): never a guess. An id: the session
     file of that name, the most recently written one if two folders hold it."""
     roots = settings.session_roots
@@ -1959,11 +1963,13 @@ def find_session(settings, wanted, meta, cancel):
             raise NoSession("No Claude Code or Codex CLI session with this id is recorded on this machine.",
                             project_sessions(settings, local_sessions(roots)))
         return found[0], "id"
-    tool_use = meta.get("claudecode/toolUseId")
+    def local_id(value):  # an id the client sent, only when it is one of the schema's shape
+        return value if isinstance(value, str) and LOCAL_ID.match(value) else None
+
     codex = meta.get("x-codex-turn-metadata")
-    codex_id = codex.get("session_id") if isinstance(codex, dict) else None
-    call_id = meta.get("callId") if isinstance(meta.get("callId"), str) and LOCAL_ID.match(meta["callId"]) else None
-    if isinstance(tool_use, str) and LOCAL_ID.match(tool_use):
+    tool_use, call_id = local_id(meta.get("claudecode/toolUseId")), local_id(meta.get("callId"))
+    codex_id = local_id(codex.get("session_id")) if isinstance(codex, dict) else None
+    if tool_use:
         started, checked = time.time(), {}
         for sessions in _polled(roots, "claude-code", cancel):
             for session in sessions:  # the files written lately, each looked at again only once it changed
@@ -1975,7 +1981,7 @@ def find_session(settings, wanted, meta, cancel):
         raise NoSession("No Claude Code transcript on this machine holds this call (its tool use id) after %d s: "
                         "session persistence may be off. Pass session=<id> to save one of these." % TURN_WAIT_S,
                         project_sessions(settings, local_sessions(roots)))
-    if isinstance(codex_id, str) and LOCAL_ID.match(codex_id):
+    if codex_id:
         for sessions in _polled(roots, "codex-cli", cancel):  # its rollout, once it holds this call
             found = [s for s in sessions if s.id == codex_id and (call_id is None or holds_call(s, call_id))]
             if found:
@@ -2212,13 +2218,9 @@ def _writable_record_file(name):
     return data
 
 
-def _untrusted_registry():
-    return _record_file("untrusted.json") or {}
-
-
 def marked_untrusted(base):
     """Collection ids this machine marked as holding another author's content on ``base``."""
-    ids = _untrusted_registry().get(sdk_module("config").normalize_base_url(base))
+    ids = (_record_file("untrusted.json") or {}).get(sdk_module("config").normalize_base_url(base))
     return {str(cid) for cid in ids} if isinstance(ids, list) else set()
 
 
@@ -2239,14 +2241,10 @@ def mark_untrusted(base, collection):
 SAVED_SESSIONS_FILE = "saved-sessions.json"
 
 
-def saved_entries():
-    """``saved-sessions.json``: ``{server: {"<harness>:<session id>": library id}}`` (in the SDK's config dir)."""
-    return _record_file(SAVED_SESSIONS_FILE) or {}
-
-
 def saved_entry(base, key):
-    """The library entry this local session was saved to from this machine, or None."""
-    entries = saved_entries().get(sdk_module("config").normalize_base_url(base))
+    """The library entry this local session was saved to from this machine, or None
+    (``saved-sessions.json``: ``{server: {"<harness>:<session id>": library id}}``)."""
+    entries = (_record_file(SAVED_SESSIONS_FILE) or {}).get(sdk_module("config").normalize_base_url(base))
     value = entries.get(key) if isinstance(entries, dict) else None
     return value if isinstance(value, str) and value else None
 
@@ -2603,6 +2601,13 @@ class ToolContext:
         if self.reporter is not None:
             self.reporter(message)
 
+    def holding(self, size):
+        """The call holds ``size`` bytes: past LARGE_CALL_BYTES the heap is trimmed afterwards (and
+        glibc's allocator is set up for big buffers first: ``_glibc``)."""
+        self.large = size > LARGE_CALL_BYTES
+        if self.large:
+            _glibc()
+
     def token(self):
         try:
             token = self.settings.token()
@@ -2941,9 +2946,7 @@ def ensure_library(ctx, again=False):
 def tool_publish_session(ctx, args):
     ctx.token()
     data = args["transcript"].encode("utf-8", "surrogatepass")
-    ctx.large = len(data) > LARGE_CALL_BYTES
-    if ctx.large:
-        _glibc()
+    ctx.holding(len(data))
     cap = ctx.settings.max_publish_bytes
     if len(data) > cap:
         raise ToolError("too_large", "The transcript is %d bytes; publish_session takes at most %d bytes. Save larger "
@@ -2967,9 +2970,7 @@ def tool_publish_local_session(ctx, args):
                            {"sessions": [s.describe() for s in err.sessions]}, False, "no_local_session")
     held = [read_session(session, ctx.settings.max_local_bytes)]
     size = len(held[0])
-    ctx.large = size > LARGE_CALL_BYTES
-    if ctx.large:
-        _glibc()
+    ctx.holding(size)
     key = "%s:%s" % (session.harness, session.id)
     try:
         into = saved_entry(ctx.settings.base, key)
@@ -3244,12 +3245,12 @@ class LibraryCache:
         """The rows, or [] when not signed in; a sign-in that must not be used is the ToolError it is
         on every other path (``ToolContext.token``)."""
         try:
-            ctx.token()
+            token = ctx.token()
         except ToolError as err:
             if err.code == "not_signed_in":
                 return []
             raise
-        account = ctx.api.account()
+        account = ctx.api.account(token)
         with self.lock:
             if not fresh and account == self.account and time.monotonic() - self.at < LIBRARY_CACHE_S:
                 return self.rows
