@@ -14,54 +14,60 @@ performance code; each section's banner names the claims below that it carries:
 0. imports                         (claim 1: the standard library at start; later only ``LAZY_IMPORTS``)
 1. settings and the token          (claims 2, 3: ``ENVIRONMENT``, ``FILES``, ``Settings.find_token``)
 2. the HTTP client                 (claims 4, 5: the ``ROUTES`` table, ``Api.send``)
-3. framing and tool results        (claim 6: the nonce envelope; every result builder)
+3. framing and tool results        (claims 6, 14: the nonce envelope; the only builders of a result)
 4. transcripts and the taint rule  (claims 7, 8: ``check_transcript``, ``publish_taint``; the renderer)
 5. local session files             (claim 13: the agents' own transcripts, found and read safely)
 6. the a4sx SDK bridge             (claims 7, 9: the scrub worker, the SDK's records, lazily)
-7. tools                           (claims 7, 8, 10: schemas, validation, handlers, ``publish_checked``)
-8. resources, prompts, completions (claim 6: the same handlers, picked by the user)
+7. tools                           (claims 7, 10: schemas, validation, handlers, ``publish_checked``)
+8. resources, prompts, completions (claim 14: the same handlers, picked by the user; names only)
 9. the MCP dispatcher              (claim 11: both eras, every request answered once)
 10. the stdio loop and ``main``    (claims 11, 12: ``Writer``, ``serve``, ``--check``, ``--version``)
 11. compatibility                  (what each handshake revision shows: ``has``, ``tools_for``)
 12. performance only               (shortcuts that change no result: skip when auditing)
 
-What it claims, numbered as SECURITY.md's review table (which names the test that proves each):
+What it claims, numbered as SECURITY.md's review list, which says for each what to read, the search
+that shows there is no other place, and the test that proves it:
 
 1. It imports only the standard library at start; later imports go through ``lazy`` and
    ``LAZY_IMPORTS`` only, and none comes from the working directory (``_drop_working_dir``).
-2. Everything read from the environment and from disk: ``ENVIRONMENT``, ``FILES`` and
-   ``SESSION_FILES`` (``--check`` prints them); ``environment`` is this file's only reader of
-   ``os.environ`` (``os.path.expanduser`` reads ``HOME``; ``worker_environment`` copies
-   ``WORKER_ENV`` names for the worker unread; the SDK's ``a4sx.config`` reads the config directory's
-   variables by the same rule as ``config_dir``).
+2. It reads only the variables of ``ENVIRONMENT`` (in ``environment``), the config directory's
+   ``FILES``, the agents' ``SESSION_FILES`` and its own source (``--check`` prints the lists).
+   Besides: ``os.path.expanduser`` reads ``HOME``; the SDK's ``a4sx.config`` reads the config
+   directory's variables by ``config_dir``'s rule; the scrub worker is handed ``WORKER_ENV`` unread.
 3. The token is used only for the server that issued it (``Settings.find_token``), and the files
    that hold it or choose the server are trusted like ssh's (``read_private``, ``_read_config``).
-4. Everything sent to the network is a route of ``ROUTES``, sent by ``Api.send``: the token only on
-   token routes, never on a redirect, never in clear text to another host (``normalize_base``).
+4. Everything sent to the network is a route of ``ROUTES``, sent by ``Api.send`` to the configured
+   server: the token only on token routes, never on a redirect, never in clear text (``normalize_base``).
 5. Every request has a deadline and an answer cap; an answer grows memory by at most
-   ``PARSE_BUDGET`` times its size plus a constant (``_parse``; the cost model is CPython's).
-6. Everything an author or the API wrote reaches the model through section 3 only: ``envelope`` and
-   ``structured_frame`` (via ``framed_json``, ``render_context``, ``framed_error``); every other
-   text is this file's own (``error_result``, ``error_text``, details through ``ERROR_DETAILS``).
-   Names are the exception, never prose: identifier-shaped ids and labels (resource lists,
-   completions), the API's error codes of the documented shape (``api_error_fields``), and names the
-   client or the model wrote, echoed as one capped line (``echoed_name``).
+   ``PARSE_BUDGET`` times its size plus 64 KiB while it is parsed (``_parse``; CPython 3.11's costs).
+   A DNS lookup that hangs is not bounded.
+6. Everything an author or the API wrote reaches the model inside a nonce envelope it cannot close,
+   in both copies of every result: only section 3's builders make a result (``json_result``,
+   ``context_result``, ``error_result``, ``framed_error``), through ``envelope`` and
+   ``structured_frame``; fetch's text is ``render_context``'s.
 7. Nothing is published unchecked: ``publish_checked`` runs ``check_transcript`` (each harness's
-   record envelope), the rate limit and the SDK's scrub (``scrub_transcript``), and saves privately.
+   record envelope), the rate limit and the SDK's scrub (``scrub_transcript``), then uploads the
+   scrubbed bytes privately.
 8. Another author's content keeps its warning when published again: ``publish_taint``.
 9. The only other process is the scrub worker (this file with ``--scrub-worker``, pipes only, the
    ``WORKER_ENV`` variables only); the only files written are the SDK's untrusted-session records
    (``mark_untrusted``), where each local session was saved (``record_saved``) and a token file's
    mode (``read_private``: 0600, never through a symlink).
 10. Nothing buys: no billing or purchase route exists (``ROUTES``; ``tool_acquire_session``).
-11. stdout carries only protocol messages (``Writer``); no single message ends the process
-    (``Server.handle_message`` answers it, and ``serve`` catches what escapes); logs go to stderr: a
-    tool's name, outcome and duration, never arguments or results.
+11. stdout carries only protocol messages (``Writer``; ``serve`` points ``sys.stdout`` at stderr); no
+    single message ends the process (``serve`` catches what a line raises; ``Server.start_job``
+    answers each request on a worker exactly once); logs go to stderr: a tool's name, outcome and
+    duration, never arguments or results.
 12. ``--version`` prints the running file's SHA-256 (``file_digest_line``): hash a copy yourself too.
 13. A session file is read only inside the agents' session folders, found by listing them (an id is
     never joined into a path), opened without following a link (``open_below``), never a FIFO, a
     device, another user's file or a hard link (``_file_problem``); the current session is the one
     the call's ``_meta`` names (``find_session``), never a guess.
+14. Every text outside an envelope is this file's own or a name: error messages are this file's
+    literals with counts, settings and names (``error_text``; details through ``ERROR_DETAILS``);
+    names are identifier-shaped ids and labels (``resource_of``, ``library_values``), the API's error
+    codes of the documented shape (``api_error_fields``), and names the client or the model wrote,
+    echoed as one capped line (``echoed_name``).
 
 Run it as ``a4sx-mcp``, ``python -m a4sx_mcp`` or ``python3 a4sx_mcp.py`` (a copied file works as is).
 """
@@ -991,13 +997,21 @@ def retry_after_of(details):
 
 
 # =============================================================================================
-# 3. Framing and tool results: author text reaches the model only in an envelope (claim 6)
+# 3. Framing and tool results: author text reaches the model only in an envelope (claims 6, 14)
 # =============================================================================================
 
 BEGIN_MARK = "A4SX_UNTRUSTED_SESSION"
 END_MARK = "END_A4SX_UNTRUSTED_SESSION"
 HINT_PREFIX = "a4sx server hints (not author content): "
+# The only texts a result carries outside its envelope besides flags, counts and SERVER_WORDS: its
+# next step (the hint line, and ``next`` in the structured copy). ``_frame`` takes no other.
 MORE_RESULTS = "more results: call again with offset = next_offset"
+ACQUIRED_NEXT = "Call fetch_session_context with the library_id of this result to load it as context."
+NEVER_BUYS = ("a4sx never buys on your behalf: the account holder can buy it on the listing page, then ask "
+              "again to acquire it.")
+SAVED_NEXT = ("Saved privately: only you can list and fetch it. Listing it publicly is a separate, reviewed "
+              "step in the a4sx web app.")
+NEXT_STEPS = (MORE_RESULTS, ACQUIRED_NEXT, NEVER_BUYS, SAVED_NEXT)
 ELLIPSIS = "\u2026"
 
 # Every line break a model or renderer may honour (CRLF first, so it becomes one break).
@@ -1117,7 +1131,7 @@ SERVER_WORDS = frozenset(("ok", "public", "library", "marketplace", "acquired", 
                           "private", "not_a_session"))
 
 
-def server_value(key, value, fixed_texts=()):
+def server_value(key, value):
     """True when ``value`` is something this server wrote: a flag, a count, a word of its own."""
     if key not in SERVER_FIELDS:
         return False
@@ -1125,13 +1139,13 @@ def server_value(key, value, fixed_texts=()):
         return True
     if isinstance(value, int):
         return value >= 0
-    return isinstance(value, str) and (value in SERVER_WORDS or value in fixed_texts)
+    return isinstance(value, str) and (value in SERVER_WORDS or value in NEXT_STEPS)
 
 
-def structured_frame(nonce, untrusted, fields, framed_field, framed_text, fixed_texts=()):
+def structured_frame(nonce, untrusted, fields, framed_field, framed_text):
     """``{notice, untrusted, <server fields>, <framed_field>: framed_text}``, in that order."""
     out = {"notice": structured_notice(nonce, untrusted, framed_field), "untrusted": bool(untrusted)}
-    out.update((k, v) for k, v in fields.items() if k != "untrusted" and server_value(k, v, fixed_texts))
+    out.update((k, v) for k, v in fields.items() if k != "untrusted" and server_value(k, v))
     out[framed_field] = framed_text
     return out
 
@@ -1210,6 +1224,8 @@ def framed_json(result, untrusted=False, rows=None, offset=0, caps=FIELD_CAPS, h
 
 def _frame(clean, rows, dropped, offset, untrusted, hint_next, scale):
     """``(text, structured, wire size)`` of a sanitised result; ``dropped``: rows were left out."""
+    if hint_next is not None and hint_next not in NEXT_STEPS:
+        raise ValueError("a next step is one of NEXT_STEPS")
     clean = dict(clean)
     if dropped:
         clean["truncated"] = True
@@ -1231,7 +1247,7 @@ def _frame(clean, rows, dropped, offset, untrusted, hint_next, scale):
     if hints:
         text += "\n" + HINT_PREFIX + json.dumps(hints, separators=(", ", ": "))
     fields = dict(clean, **hints)
-    structured = structured_frame(nonce, untrusted, fields, "data", fenced(nonce, [line]), (hint_next, MORE_RESULTS))
+    structured = structured_frame(nonce, untrusted, fields, "data", fenced(nonce, [line]))
     return text, structured, wire_size(text) + wire_size(structured)
 
 
@@ -1247,8 +1263,24 @@ class ToolError(Exception):
 
 
 class Result:
+    """A tool's output: the text copy and the structured copy. Built only by the four builders below
+    (``json_result``, ``context_result``, ``error_result``, ``framed_error``): no handler makes one."""
+
     def __init__(self, text, structured, is_error=False, outcome="ok"):
         self.text, self.structured, self.is_error, self.outcome = text, structured, is_error, outcome
+
+
+def json_result(result, untrusted, outcome="ok", **framing):
+    """A JSON result (a search page, a summary, an acquire or a save): everything in ``result`` is
+    framed by ``framed_json`` (``framing``: its ``rows``, ``offset``, ``caps`` and ``hint_next``)."""
+    text, structured = framed_json(result, untrusted, **framing)
+    return Result(text, structured, outcome=outcome)
+
+
+def context_result(text, nonce, untrusted, fields):
+    """fetch's result: ``render_context``'s framed ``text`` (whose envelope carries ``nonce``) is the
+    text copy, and the structured copy's last field (``context``); ``fields``: server values only."""
+    return Result(text, structured_frame(nonce, untrusted, fields, "context", text))
 
 
 def error_text(code, message):
@@ -1425,11 +1457,21 @@ def check_transcript(data):
 # --- the taint rule: the one place that decides a publish's ``untrusted`` (claim 8) ---------------
 
 
-def publish_taint(lineage, framed, parent_row, collection, rows, untrusted_of):
-    """The one rule for a publish's ``untrusted`` (SECURITY.md claim 8): another author's content
-    keeps its warning when published again, through the lineage record, this server's framing of
-    another author's session carried in the transcript (``framed``: a session that loaded one), the
-    parent's taint, or the taint of the entry the upload went into (by ``into``, label or dedup)."""
+def publish_taint(ctx, lineage, framed, parent_row, collection, rows, deduped):
+    """The one rule for a publish's ``untrusted`` (SECURITY.md claim 8), decided after the upload:
+    another author's content keeps its warning when published again, through the SDK's lineage
+    record, this server's framing of another author's session carried in the transcript
+    (``framed``: a session that loaded one), the parent's taint, or the taint of ``collection``, the
+    entry the upload went into (by ``into``, label or dedup; ``rows``: the library listed before the
+    upload, if it was). A deduplicated upload with no listing lists the library now; if that fails,
+    the save counts as untrusted (fail closed)."""
+    if deduped and not rows:
+        try:
+            rows = ctx.library()
+        except ToolError:
+            log("warning", "could not list the library to check a deduplicated entry")
+            return True
+    untrusted_of = rows_untrusted(rows, ctx.settings.base)
     return (bool(lineage.get("untrusted")) or framed or bool(parent_row and untrusted_of(parent_row))
             or any(row.get("id") == collection and untrusted_of(row) for row in rows))
 
@@ -2263,7 +2305,7 @@ def record_saved(base, key, collection):
 
 
 # =============================================================================================
-# 7. Tools: schemas, validation, handlers, the publish pipeline (claims 7, 8, 10)
+# 7. Tools: schemas, validation, handlers, the publish pipeline (claims 7, 10)
 # =============================================================================================
 
 ID_SCHEMA = {"type": "string", "minLength": 1, "maxLength": 200, "pattern": "^[A-Za-z0-9][A-Za-z0-9._:@-]*$"}
@@ -2772,8 +2814,7 @@ def tool_search_sessions(ctx, args):
                   and next_offset >= 0 else None,
                   "items": [public_row(ctx.settings, item) for item in items]}
         untrusted = True  # marketplace listings are other authors' words: the CAUTION applies
-    text, structured = framed_json(result, untrusted, rows="items", offset=offset)
-    return Result(text, structured)
+    return json_result(result, untrusted, rows="items", offset=offset)
 
 
 # --- get_session_summary ------------------------------------------------------------------------
@@ -2788,8 +2829,7 @@ def tool_get_session_summary(ctx, args):
         untrusted = rows_untrusted(rows, ctx.settings.base)(row)
         result = dict(library_row(row), sessions=row.get("sessions"), created_at=row.get("created_at"),
                       untrusted=untrusted)
-        text, structured = framed_json(result, untrusted, caps=SUMMARY_CAPS)
-        return Result(text, structured)
+        return json_result(result, untrusted, caps=SUMMARY_CAPS)
     _, body = ctx.request("listing", {"id": args["id"], "t": args.get("tenant")})
     item = body.get("item") if isinstance(body, dict) else None
     if not isinstance(item, dict):
@@ -2806,16 +2846,10 @@ def tool_get_session_summary(ctx, args):
         "author_claims": item.get("author_claims"), "created_at": item.get("created_at"),
         "deprecated": item.get("deprecated") is True,
     })
-    text, structured = framed_json(result, True, caps=SUMMARY_CAPS)  # a marketplace listing: another author's
-    return Result(text, structured)
+    return json_result(result, True, caps=SUMMARY_CAPS)  # a marketplace listing: another author's
 
 
 # --- acquire_session ----------------------------------------------------------------------------
-
-ACQUIRED_NEXT = "Call fetch_session_context with the library_id of this result to load it as context."
-NEVER_BUYS = ("a4sx never buys on your behalf: the account holder can buy it on the listing page, then ask "
-              "again to acquire it.")
-
 
 def tool_acquire_session(ctx, args):
     ctx.token()  # signed out: said before the rate limit counts the call
@@ -2829,8 +2863,7 @@ def tool_acquire_session(ctx, args):
     if status in (200, 201) and isinstance(body, dict) and body.get("collection"):
         result = {"status": "acquired", "library_id": _str(body["collection"]), "version": body.get("version"),
                   "acquired_from": body.get("acquired_from"), "visibility": "private", "next": ACQUIRED_NEXT}
-        text, structured = framed_json(result, True, hint_next=ACQUIRED_NEXT)
-        return Result(text, structured, outcome="acquired")
+        return json_result(result, True, "acquired", hint_next=ACQUIRED_NEXT)
     if status == 402:
         member = details.get("member")
         listing = None
@@ -2852,8 +2885,7 @@ def tool_acquire_session(ctx, args):
             result["currency"] = _str((listing or {}).get("currency")) or None
             message = "This session is paid and this account has no purchase or grant for it. " + NEVER_BUYS
         result.update(listing_url=listing_url(ctx.settings, sid, owner), message=message)
-        text, structured = framed_json(result, True, hint_next=NEVER_BUYS)
-        return Result(text, structured, outcome="payment_required")
+        return json_result(result, True, "payment_required", hint_next=NEVER_BUYS)
     if status == 409 and code == "memory_only":
         return framed_error("memory_only", "This listing is reading material only: there is no session to acquire.",
                             {"id": sid}, True, "not_a_session", status="not_a_session")
@@ -2891,7 +2923,7 @@ def tool_fetch_session_context(ctx, args):
     text, included, truncated = render_context(title, turns, args["max_tokens"], untrusted, nonce, loaded)
     fields = {"status": "ok", "source": "library", "max_tokens": args["max_tokens"], "approx_tokens": len(text) // 4,
               "truncated": truncated, "turns_total": len(turns), "turns_included": included}
-    return Result(text, structured_frame(nonce, untrusted, fields, "context", text))
+    return context_result(text, nonce, untrusted, fields)
 
 
 # --- publish_session ----------------------------------------------------------------------------
@@ -2900,8 +2932,6 @@ PUBLISH_RETRY_WAITS_S = (5, 15)
 PUBLISH_RETRY_STATUSES = (429, 502, 503, 504)
 PUBLISH_BUSY_CODES = ("scrub_busy", "scrub_pool_busy")
 PUBLISH_MAX_ATTEMPTS, PUBLISH_BUSY_MAX_ATTEMPTS, RETRY_WAIT_CAP_S = 3, 6, 60
-SAVED_NEXT = ("Saved privately: only you can list and fetch it. Listing it publicly is a separate, reviewed "
-              "step in the a4sx web app.")
 
 
 def upload_timeout(size, override):
@@ -2955,8 +2985,7 @@ def tool_publish_session(ctx, args):
         raise ToolError("content_sha_mismatch", "content_sha256 does not match the SHA-256 of the transcript's UTF-8 "
                         "bytes: it was changed or cut on the way. Nothing was sent.")
     result = publish_checked(ctx, [data], args)
-    text, structured = framed_json(result, result["untrusted"], hint_next=SAVED_NEXT)
-    return Result(text, structured, outcome="saved")
+    return json_result(result, result["untrusted"], "saved", hint_next=SAVED_NEXT)
 
 
 def tool_publish_local_session(ctx, args):
@@ -2982,8 +3011,7 @@ def tool_publish_local_session(ctx, args):
     except OSError:  # saved all the same: a later save makes a new entry instead of a version
         log("warning", "could not record where the local session was saved")
     result["local_session"] = dict(session.describe(), bytes_read=size, found_by=how)
-    text, structured = framed_json(result, result["untrusted"], hint_next=SAVED_NEXT)
-    return Result(text, structured, outcome="saved")
+    return json_result(result, result["untrusted"], "saved", hint_next=SAVED_NEXT)
 
 
 def publish_checked(ctx, held, args, into=None, local=False):
@@ -3020,7 +3048,6 @@ def publish_checked(ctx, held, args, into=None, local=False):
     if into and not any(row.get("id") == into for row in rows):
         into = None  # the entry it was saved to is gone: a new one
     parent, parent_row = publish_parent(args.get("parent"), None if into else lineage, rows)
-    untrusted_of = rows_untrusted(rows, base)
     ensure_library(ctx)
     headers = {"Idempotency-Key": args.get("idempotency_key") or str(lazy("uuid").uuid4()),
                "X-Content-SHA256": lazy("hashlib").sha256(upload).hexdigest()}
@@ -3032,16 +3059,7 @@ def publish_checked(ctx, held, args, into=None, local=False):
                         "Call the tool again with the same arguments and idempotency_key %s: a stored upload is "
                         "returned, not saved twice." % headers["Idempotency-Key"],
                         idempotency_key=headers["Idempotency-Key"], status=status)
-    # the entry the version went into (by label, or deduplicated into) may hold another author's content
-    unknown = False
-    if body.get("deduped") is True and not rows:
-        try:
-            rows = ctx.library()
-        except ToolError:  # fail closed: the entry it went into may hold another author's content
-            log("warning", "could not list the library to check a deduplicated entry")
-            unknown = True
-        untrusted_of = rows_untrusted(rows, base)
-    untrusted = unknown or publish_taint(lineage, framed, parent_row, collection, rows, untrusted_of)
+    untrusted = publish_taint(ctx, lineage, framed, parent_row, collection, rows, body.get("deduped") is True)
     if untrusted:
         try:
             mark_untrusted(base, collection)
@@ -3159,7 +3177,7 @@ OUTPUT_SCHEMAS["publish_local_session"] = OUTPUT_SCHEMAS["publish_session"]
 
 
 # =============================================================================================
-# 8. Resources, prompts and completions: the tools' handlers, picked by the user (claim 6)
+# 8. Resources, prompts and completions: the tools' handlers, picked by the user (claim 14)
 # =============================================================================================
 
 LIBRARY_URI = "a4sx://library/"
@@ -3817,7 +3835,7 @@ class Server:
                              ("Resource not found: " if method == "resources/read" and err.kind == "not_found"
                               else "Invalid params: ") + err.message, err.data)
 
-        self.start_job(msg_id, work, answer, reply)
+        self.start_job(msg_id, work, reply, answer)
 
     @staticmethod
     def _shown(item, version, **extra):
@@ -3826,25 +3844,32 @@ class Server:
         shown.update(extra)
         return shown
 
-    def start_job(self, msg_id, work, answer, reply):
-        """``work(ctx)`` on a worker; its result, FeatureError (through ``answer``), or -32603."""
+    def start_job(self, msg_id, work, reply, answer=None, meta=None, version=None):
+        """Runs ``work(ctx)`` on a worker and answers the request exactly once, whatever happens: with
+        its result (None: cancelled, no response), a ``FeatureError`` through ``answer``, or -32603
+        for anything else that escapes (claim 11). ``meta``: a tool call's ``_meta`` (its progress
+        token and where it comes from)."""
         key = json.dumps(msg_id)
         state = Inflight()
+        meta = meta if isinstance(meta, dict) else {}
+        token = meta.get("progressToken")
+        progress = self._progress_reporter(state, token, version) if _valid_id(token) else None
 
         def run():
             try:
-                response = {"jsonrpc": "2.0", "id": msg_id, "result": work(ToolContext(self, state.cancel))}
+                result = work(ToolContext(self, state.cancel, progress, meta))
+                response = None if result is None else {"jsonrpc": "2.0", "id": msg_id, "result": result}
             except FeatureError as err:
                 response = answer(err)
             except Cancelled:
                 response = None
-            except Exception as err:  # noqa: BLE001 - never leak a traceback, never die
-                log("warning", "internal error in a resources/prompts request (%s)" % type(err).__name__)
+            except Exception as err:  # noqa: BLE001 - claim 11: never leak a traceback, never die
+                log("warning", "internal error in a request's worker (%s)" % type(err).__name__)
                 response = rpc_error(msg_id, -32603, "Internal error")
             with state.lock:
                 cancelled = state.cancel.is_set() or response is None
                 state.finished = True
-                if not cancelled:
+                if not cancelled:  # written under the lock, so a cancel cannot slip in between
                     reply(response)
             if cancelled:
                 reply(None)
@@ -3862,44 +3887,17 @@ class Server:
     # --- tool calls -------------------------------------------------------------------------
 
     def start_call(self, msg_id, name, params, version, reply):
-        key = json.dumps(msg_id)
-        state = Inflight()
-        meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
-        token = meta.get("progressToken")
-        progress = self._progress_reporter(state, token, version) if _valid_id(token) else None
+        """A tools/call on a worker (``start_job``): the tool's Result as the call's result."""
+        def work(ctx):
+            result = self.run_tool(name, params.get("arguments"), ctx)
+            if result is None:
+                return None
+            payload = {"content": [{"type": "text", "text": result.text}], "isError": result.is_error}
+            if has(version, "structured tool results"):
+                payload["structuredContent"] = result.structured
+            return payload
 
-        def finish(response):
-            with state.lock:
-                cancelled = state.cancel.is_set()
-                state.finished = True
-                if not cancelled:  # written under the lock, so a cancel cannot slip in between
-                    reply(response)
-            if cancelled:
-                reply(None)
-            with self.inflight_lock:
-                if self.inflight.get(key) is state:
-                    del self.inflight[key]
-
-        def run():
-            try:
-                result = self.run_tool(name, params.get("arguments"), ToolContext(self, state.cancel, progress, meta))
-                if result is None:
-                    return finish(None)
-                payload = {"content": [{"type": "text", "text": result.text}], "isError": result.is_error}
-                if has(version, "structured tool results"):
-                    payload["structuredContent"] = result.structured
-                response = {"jsonrpc": "2.0", "id": msg_id, "result": payload}
-            except Exception:  # noqa: BLE001 - claim 11: answered, whatever escaped run_tool
-                log("warning", "tool=%s internal error outside the handler" % name)
-                response = rpc_error(msg_id, -32603, "Internal error")
-            finish(response)
-
-        with self.inflight_lock:
-            self.inflight[key] = state
-        if not self.pool.submit(run):
-            with self.inflight_lock:
-                self.inflight.pop(key, None)
-            raise RpcError(-32603, "Server busy: too many tool calls in flight")
+        self.start_job(msg_id, work, reply, meta=params.get("_meta"), version=version)
 
     def _progress_reporter(self, state, token, version):
         def progress(message):
