@@ -30,17 +30,19 @@ that shows there is no other place, and the test that proves it:
 
 1. It imports only the standard library at start; later imports go through ``lazy`` and
    ``LAZY_IMPORTS`` only, and none comes from the working directory (``_drop_working_dir``).
-2. It reads only the variables of ``ENVIRONMENT`` (in ``environment``), the config directory's
-   ``FILES``, the agents' ``SESSION_FILES`` and its own source (``--check`` prints the lists).
-   Besides: ``os.path.expanduser`` reads ``HOME``; the SDK's ``a4sx.config`` reads the config
-   directory's variables by ``config_dir``'s rule; the scrub worker is handed ``WORKER_ENV`` unread.
+2. This file reads only the variables of ``ENVIRONMENT`` (in ``environment``), the config
+   directory's ``FILES``, the agents' ``SESSION_FILES`` and its own source (``--check`` prints the
+   lists). Besides: ``os.path.expanduser`` reads ``HOME``; the SDK's ``a4sx.config`` reads the config
+   directory's variables by ``config_dir``'s rule; the scrub worker is handed ``WORKER_ENV`` unread;
+   libraries read their own files (OpenSSL's CA bundle, the SDK's installed metadata, the C library).
 3. The token is used only for the server that issued it (``Settings.find_token``), and the files
    that hold it or choose the server are trusted like ssh's (``read_private``, ``_read_config``).
 4. Everything sent to the network is a route of ``ROUTES``, sent by ``Api.send`` to the configured
    server: the token only on token routes, never on a redirect, never in clear text (``normalize_base``).
-5. Every request has a deadline and an answer cap; an answer grows memory by at most
-   ``PARSE_BUDGET`` times its size plus 64 KiB while it is parsed (``_parse``; CPython 3.11's costs).
-   A DNS lookup that hangs is not bounded.
+5. Every request has a deadline and an answer cap; an answer, and each record of a fetched session
+   parsed from it, grows memory by at most ``PARSE_BUDGET`` times its size plus 64 KiB while it is
+   parsed (``_parse``, ``parse_within_budget``; CPython 3.11's costs). A DNS lookup that hangs is not
+   bounded.
 6. Everything an author or the API wrote reaches the model inside a nonce envelope it cannot close,
    in both copies of every result: only section 3's builders make a result (``json_result``,
    ``context_result``, ``error_result``, ``framed_error``), through ``envelope`` and
@@ -54,9 +56,9 @@ that shows there is no other place, and the test that proves it:
    (``mark_untrusted``), where each local session was saved (``record_saved``) and a token file's
    mode (``read_private``: 0600, never through a symlink).
 10. Nothing buys: no billing or purchase route exists (``ROUTES``; ``tool_acquire_session``).
-11. stdout carries only protocol messages (``Writer``; ``serve`` points ``sys.stdout`` at stderr); no
+11. stdout carries only protocol messages (``Writer``; ``serve`` sends what else is printed to stderr); no
     single message ends the process (``serve`` catches what a line raises; ``Server.start_job``
-    answers each request on a worker exactly once); logs go to stderr: a tool's name, outcome and
+    answers each request run on a worker once); logs go to stderr: a tool's name, outcome and
     duration, never arguments or results.
 12. ``--version`` prints the running file's SHA-256 (``file_digest_line``): hash a copy yourself too.
 13. A session file is read only inside the agents' session folders, found by listing them (an id is
@@ -64,7 +66,8 @@ that shows there is no other place, and the test that proves it:
     device, another user's file or a hard link (``_file_problem``); the current session is the one
     the call's ``_meta`` names (``find_session``), never a guess.
 14. Every text outside an envelope is this file's own or a name: error messages are this file's
-    literals with counts, settings and names (``error_text``; details through ``ERROR_DETAILS``);
+    literals with counts, this machine's settings and paths, and names (``error_text``; details
+    through ``ERROR_DETAILS``); prompt texts carry the user's own arguments;
     names are identifier-shaped ids and labels (``resource_of``, ``library_values``), the API's error
     codes of the documented shape (``api_error_fields``), and names the client or the model wrote,
     echoed as one capped line (``echoed_name``).
@@ -326,10 +329,22 @@ def path_problem(path, mode):
 
 
 def _read_config(path):
-    """A config file that names a server (``config.json``, ``amdx.json``), or None: one with a
-    ``path_problem`` is ignored like an absent one, since it would choose where a token goes
-    (``--check`` reports the problem)."""
-    return None if path_problem(path, "600") else _read_json(path)
+    """A config file that names a server (``config.json``, ``amdx.json``), or None: one that is not a
+    regular file or has a ``_trust_problem`` (checked on the descriptor it is read through, so it
+    cannot be swapped in between) is ignored like an absent one, since it would choose where a token
+    goes (``--check`` reports the problem)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return None
+    with os.fdopen(fd, encoding="utf-8") as f:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode) or (os.name == "posix" and _trust_problem(path, status, "600")):
+            return None
+        try:
+            return json.load(f)
+        except (OSError, ValueError):
+            return None
 
 
 def _stored_base(folder):
@@ -505,9 +520,6 @@ class Settings:
                 return token, "session file"
         return None, None
 
-    def token(self):
-        return self.find_token()[0]
-
     def login_hint(self):
         return "a4sx login" if self.base == PUBLIC_BASE else "a4sx login --base %s" % self.base
 
@@ -649,7 +661,7 @@ class Api:
         Returns ``(status, parsed JSON body or {})``; an unfollowed redirect comes back as its 3xx.
         Raises ``SignedOut`` (token route, no token) or ``NetworkError`` (no usable answer)."""
         route = ROUTES[name]
-        token = self.settings.token() if route.token else None
+        token = self.settings.find_token()[0] if route.token else None
         if route.token and not token:
             raise SignedOut()
         target = _target(route, params or {})
@@ -694,7 +706,7 @@ class Api:
     def account(self, token=None):
         """Which account the stored token (or ``token``, just read) is for, as a salted digest (the
         token is not kept)."""
-        token = self.settings.token() if token is None else token
+        token = self.settings.find_token()[0] if token is None else token
         return lazy("hashlib").sha256(self.salt + (token or "").encode("utf-8", "replace")).hexdigest()[:16]
 
     def _redirect_target(self, current, location):
@@ -845,11 +857,15 @@ def _shut(conn):
 
 
 def _target(route, params):
-    """The route's path with its ``{fields}`` filled (quoted) and the other params as the query."""
+    """The route's path with its ``{fields}`` filled (quoted: one segment, never ``.`` or ``..``, so
+    never another path) and the other params as the query."""
     path, query = route.path, {}
     for key, value in params.items():
         if "{%s}" % key in path:
-            path = path.replace("{%s}" % key, quote(_str_param(value), safe="", errors="replace"))
+            segment = quote(_str_param(value), safe="", errors="replace")
+            if segment in ("", ".", ".."):
+                raise NetworkError("refused to send a request whose %s is not a name" % key)
+            path = path.replace("{%s}" % key, segment)
         elif value not in (None, ""):
             query[key] = value
     return path + ("?" + urlencode(query, errors="replace") if query else "")
@@ -907,13 +923,31 @@ def _parse(held):
     except ValueError:
         return {}
     del payload  # a large bundle is held once, not twice, while it is parsed
-    if sys.getsizeof(text) + strings_bound(text, payload_had_escapes) + cost > PARSE_BUDGET * size + 64 * KiB:
+    if over_parse_budget(size, cost, payload_had_escapes, text):
         raise NetworkError("the answer's shape was refused: %d bytes that would parse into more than %d times "
                            "that" % (size, PARSE_BUDGET))
     try:
         return json.loads(text)
     except (ValueError, RecursionError):
         return {}
+
+
+def over_parse_budget(size, cost, escapes, text):
+    """The shape check: True when parsing ``text`` (decoded from ``size`` bytes whose structure costs
+    ``cost``; ``escapes``: they hold a ``\\u``) could allocate more than PARSE_BUDGET times ``size``
+    plus 64 KiB."""
+    return sys.getsizeof(text) + strings_bound(text, escapes) + cost > PARSE_BUDGET * size + 64 * KiB
+
+
+def parse_within_budget(data):
+    """A record an answer carried inside it (a fetched session's ``canonical.json`` or one JSONL line,
+    decoded from base64) parsed like ``parse_record``, or None when the shape check refuses it: the
+    content parsed again is held to the answer's bound."""
+    text, escapes = data.decode("utf-8", "replace"), b"\\u" in data
+    if over_parse_budget(len(data), _parse_cost(data), escapes, text) and over_parse_budget(  # performance:
+            len(data), _parse_cost(data, exact=True), escapes, text):  # the exact count only when the bound is over
+        return None
+    return parse_record(text)
 
 
 def strings_bound(text, escapes):
@@ -924,13 +958,14 @@ def strings_bound(text, escapes):
     return width * len(text)
 
 
-def _parse_cost(payload):
+def _parse_cost(payload, exact=False):
     """``PARSE_COST`` summed over ``payload``'s structural bytes. With many quotes, every such byte
     counts (inside strings too: an upper bound, and a fast one); with few (a fetched bundle: megabytes
-    in a few strings) only the quotes and the bytes outside strings, which is exact and keeps a large
-    bundle within the budget. Either way the count is never below what parsing allocates."""
+    in a few strings), or when ``exact``, only the quotes and the bytes outside strings, which is exact
+    and keeps a large bundle within the budget. Either way the count is never below what parsing
+    allocates."""
     quotes = payload.count(b'"')
-    if quotes > len(payload) >> 12:
+    if quotes > len(payload) >> 12 and not exact:
         return sum(payload.count(char) * each for char, each in PARSE_COST)
     structure = [(char, each) for char, each in PARSE_COST if char != b'"']
     cost, pos = quotes * dict(PARSE_COST)[b'"'], 0
@@ -1460,11 +1495,13 @@ def check_transcript(data):
 def publish_taint(ctx, lineage, framed, parent_row, collection, rows, deduped):
     """The one rule for a publish's ``untrusted`` (SECURITY.md claim 8), decided after the upload:
     another author's content keeps its warning when published again, through the SDK's lineage
-    record, this server's framing of another author's session carried in the transcript
-    (``framed``: a session that loaded one), the parent's taint, or the taint of ``collection``, the
-    entry the upload went into (by ``into``, label or dedup; ``rows``: the library listed before the
-    upload, if it was). A deduplicated upload with no listing lists the library now; if that fails,
-    the save counts as untrusted (fail closed)."""
+    record (its mark, or its parent's taint, whatever parent the call names), this server's framing
+    of another author's session carried in the transcript (``framed``: a session that loaded one),
+    the named parent's taint, or the taint of ``collection``, the entry the upload went into (by
+    ``into``, label or dedup). ``rows``: the library as listed before the upload (listed whenever a
+    parent, label, lineage parent or ``into`` was known). A deduplicated upload with no listing lists
+    the library now, and counts as untrusted if that fails. Not caught: a parent or entry missing
+    from the listing counts as trusted."""
     if deduped and not rows:
         try:
             rows = ctx.library()
@@ -1472,8 +1509,9 @@ def publish_taint(ctx, lineage, framed, parent_row, collection, rows, deduped):
             log("warning", "could not list the library to check a deduplicated entry")
             return True
     untrusted_of = rows_untrusted(rows, ctx.settings.base)
+    tainted = {row["id"] for row in rows if isinstance(row.get("id"), str) and untrusted_of(row)}
     return (bool(lineage.get("untrusted")) or framed or bool(parent_row and untrusted_of(parent_row))
-            or any(row.get("id") == collection and untrusted_of(row) for row in rows))
+            or lineage.get("parent_cid") in tainted or collection in tainted)
 
 
 # This server's envelope for another author's content, as a harness records it in a tool result:
@@ -1663,7 +1701,7 @@ def claude_turns(data, tools):
     for line in byte_lines(data):
         if b'"user"' not in line and b'"assistant"' not in line and b"\\u" not in line:  # performance: skip
             continue
-        record = parse_record(line.decode("utf-8", "replace"))
+        record = parse_within_budget(line)
         if isinstance(record, dict):
             turn = claude_turn(record, tools)
             if turn:
@@ -1698,7 +1736,7 @@ def pick_transcript(bundle):
             return None
 
     if "canonical.json" in files:
-        doc = parse_record((decoded("canonical.json") or b"").decode("utf-8", "replace"))
+        doc = parse_within_budget(decoded("canonical.json") or b"")
         fmt = doc.get("format") if isinstance(doc, dict) else None
         if (isinstance(fmt, str) and re.match(r"^a4sx\.session/0\.\d+$", fmt)
                 and isinstance(doc.get("turns"), list)):
@@ -1994,9 +2032,9 @@ def find_session(settings, wanted, meta, cancel):
     ``current``: Claude Code's transcript that holds this call's ``claudecode/toolUseId`` (waiting up
     to TURN_WAIT_S for the client to write it), else Codex CLI's rollout named by this call's
     ``x-codex-turn-metadata.session_id`` once it holds the call (``callId``), else the file of
-    ``$CLAUDE_CODE_SESSION_ID`` unless another session of the same project was written since this
-    server started (after ``/clear`` the variable
-    names the session before it; a parallel run looks the same): never a guess. An id: the session
+    ``$CLAUDE_CODE_SESSION_ID`` unless another session of the same project was written after both
+    this server's start and that file's last write (after ``/clear`` the variable names the session
+    before it, and the new one is written after it; a parallel run looks the same): never a guess. An id: the session
     file of that name, the most recently written one if two folders hold it."""
     roots = settings.session_roots
     if wanted != "current":
@@ -2652,7 +2690,7 @@ class ToolContext:
 
     def token(self):
         try:
-            token = self.settings.token()
+            token = self.settings.find_token()[0]
         except ConfigUntrusted as err:
             raise config_untrusted(err) from None
         if not token:
@@ -3845,10 +3883,11 @@ class Server:
         return shown
 
     def start_job(self, msg_id, work, reply, answer=None, meta=None, version=None):
-        """Runs ``work(ctx)`` on a worker and answers the request exactly once, whatever happens: with
-        its result (None: cancelled, no response), a ``FeatureError`` through ``answer``, or -32603
-        for anything else that escapes (claim 11). ``meta``: a tool call's ``_meta`` (its progress
-        token and where it comes from)."""
+        """Runs ``work(ctx)`` on a worker and answers the request once (claim 11): with its result
+        (None: cancelled, no response), a ``FeatureError`` through ``answer``, or -32603 for anything
+        else that escapes ``work`` or ``answer``; if ``reply`` itself raises, -32603 goes out through
+        ``Writer`` (which never raises). ``meta``: a tool call's ``_meta`` (its progress token and
+        where it comes from)."""
         key = json.dumps(msg_id)
         state = Inflight()
         meta = meta if isinstance(meta, dict) else {}
@@ -3857,10 +3896,11 @@ class Server:
 
         def run():
             try:
-                result = work(ToolContext(self, state.cancel, progress, meta))
-                response = None if result is None else {"jsonrpc": "2.0", "id": msg_id, "result": result}
-            except FeatureError as err:
-                response = answer(err)
+                try:
+                    result = work(ToolContext(self, state.cancel, progress, meta))
+                    response = None if result is None else {"jsonrpc": "2.0", "id": msg_id, "result": result}
+                except FeatureError as err:
+                    response = answer(err)
             except Cancelled:
                 response = None
             except Exception as err:  # noqa: BLE001 - claim 11: never leak a traceback, never die
@@ -3870,7 +3910,11 @@ class Server:
                 cancelled = state.cancel.is_set() or response is None
                 state.finished = True
                 if not cancelled:  # written under the lock, so a cancel cannot slip in between
-                    reply(response)
+                    try:
+                        reply(response)
+                    except Exception:  # noqa: BLE001 - claim 11: answered all the same
+                        log("warning", "a response could not be sent")
+                        self.write(rpc_error(msg_id, -32603, "Internal error"))
             if cancelled:
                 reply(None)
             with self.inflight_lock:

@@ -1482,16 +1482,21 @@ def _wire_call_seconds(srv, tool):
 # and the functions (outermost def, ``Class.method``) the matching lines may sit in; ``<module>``: a
 # line outside any function (the import block and tables).
 REVIEW_SEARCHES = {
-    1: [(r"^\s*(import|from) |import_module", {"<module>", "lazy"})],
+    1: [(r"^\s*(import \w+|from \S+ import )|import_module", {"<module>", "lazy"}),
+        (r"__import__|\bexec\(|\beval\(|CDLL", {"_glibc"})],
     2: [(r"os\.environ[.)\[]|getenv", {"environment", "ScrubWorker._start"}),
-        (r"\bopen\(|fdopen\(|scandir|listdir", {"_read_json", "read_private", "_entries", "open_below", "_opened",
-                                                "file_digest_line"})],
-    3: [(r"settings\.token\(\)|find_token\(|Authorization", {"Settings.find_token", "Settings.token", "Api.send",
+        (r"\bopen\(|fdopen\(|scandir|listdir", {"_read_json", "_read_config", "read_private", "_entries", "open_below",
+                                                "_opened", "file_digest_line"}),
+        (r"_read_json\(", {"_read_json", "read_lineage", "_record_file"})],
+    3: [(r"find_token\(|Authorization", {"Settings.find_token", "Api.send",
                                                               "Api.account", "ToolContext.token", "run_check"}),
-        (r"= ctx\.token\(\)", {"LibraryCache.rows_for"})],
+        (r"ctx\.token\(\)", {"tool_acquire_session", "tool_publish_session", "tool_publish_local_session",
+                               "get_prompt", "LibraryCache.rows_for"})],
     4: [(r'lazy\("(http\.client|socket|ssl)"\)', {"ssl_context", "trust_store", "Api._exchange", "Api._checkout",
                                                   "_shut", "_network_reason", "warm_network"}),
         (r"api\.send\(", {"ToolContext.send", "run_check"})],
+    5: [(r"parse_within_budget\(|\b_parse\(", {"Api.send", "_parse", "parse_within_budget", "claude_turns",
+                                               "pick_transcript"})],
     6: [(r"Result\(", {"json_result", "context_result", "error_result", "framed_error"}),
         (r'"text": ', {"get_prompt", "Server.serve_feature", "Server.start_call"})],
     7: [(r'"push"', {"<module>", "push_with_retries"})],
@@ -1539,7 +1544,7 @@ def test_each_claim_s_search_finds_only_its_named_places():
             assert found and set(found) <= allowed, (claim, pattern, found)
             assert set(found) == allowed, (claim, pattern, "named but not found", allowed - set(found))
     top = lines.index("LAZY_IMPORTS = {")  # claim 1: every import statement stands above LAZY_IMPORTS
-    assert all(number < top for number, line in enumerate(lines) if re.search(r"^\s*(import|from) ", line))
+    assert all(number < top for number, line in enumerate(lines) if re.search(r"^\s*(import \w+|from \S+ import )", line))
 
 
 def test_every_error_message_is_a_literal_of_this_file():
@@ -1744,6 +1749,26 @@ def test_a_token_stored_for_another_server_is_never_sent(mcp, stub, env):
     structured, text, _ = mcp.tool("search_sessions", {"scope": "library"})
     assert structured["error"] == "not_signed_in" and "session-exchange.com" not in text
     assert stub.requests() == []
+
+
+@pytest.mark.skipif(os.name != "posix", reason="FIFOs and modes are POSIX")
+def test_a_config_file_is_checked_on_the_descriptor_it_is_read_through(env):
+    """``_read_config`` (issue 16 walk A): the file that chooses the server is opened once and its
+    checks run on that descriptor: a FIFO is ignored without waiting for a writer, a file another
+    user could write is ignored, a symlink to a private file is read."""
+    config = env["cfg"] / "config.json"
+    os.mkfifo(str(config))
+    started = time.monotonic()
+    assert a4sx_mcp.resolve_base(None) == (a4sx_mcp.PUBLIC_BASE, "default")
+    assert time.monotonic() - started < 5
+    config.unlink()
+    target = env["cfg"] / "real-config.json"
+    target.write_text(json.dumps({"base": "https://linked.example"}))
+    target.chmod(0o600)
+    config.symlink_to(target)
+    assert a4sx_mcp.resolve_base(None) == ("https://linked.example", "config.json")
+    target.chmod(0o620)
+    assert a4sx_mcp.resolve_base(None) == (a4sx_mcp.PUBLIC_BASE, "default")
 
 
 def test_config_files_that_choose_the_server_are_trusted_like_the_token_files(env):
@@ -2820,6 +2845,36 @@ def test_hostile_answers_on_every_route_stay_within_the_memory_bound(mcp, stub, 
     assert grown <= a4sx_mcp.PARSE_BUDGET * 4 * (1 << 20)
 
 
+def test_a_fetched_session_s_records_are_held_to_the_shape_check(mcp, stub, token):
+    """Claim 5 beyond the answer: the records a fetched bundle carries (base64 inside the answer) are
+    parsed again, each through the same shape check (``parse_within_budget``): a hostile JSONL line
+    or canonical.json that would parse into more than PARSE_BUDGET times its size is skipped unparsed
+    (measured with tracemalloc in process); every line of every real transcript passes."""
+    import tracemalloc
+
+    for path in REAL_TRANSCRIPTS:
+        for line in path.read_bytes().split(b"\n"):
+            if line.strip():
+                assert a4sx_mcp.parse_within_budget(line) == a4sx_mcp.parse_record(line.decode()), path
+    hostile_line = b"[" + b"{}," * 300000 + b'"user"]'
+    assert a4sx_mcp.parse_record(hostile_line.decode()) is not None  # valid JSON: only the check stops it
+    tracemalloc.start()
+    try:
+        turns = a4sx_mcp.claude_turns(hostile_line + b"\n", True)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert turns == [] and peak <= a4sx_mcp.PARSE_BUDGET * len(hostile_line) + 64 * 1024, peak
+    canonical = b'{"format":"a4sx.session/0.1","turns":[' + b"[]," * 300000 + b"[]]}"
+    assert a4sx_mcp.parse_within_budget(canonical) is None
+    real = claude_jsonl([claude_record("user", "the real question"), claude_record("assistant", "its answer")])
+    stub.library.append(library_row("hostile-1"))
+    stub.bundles["hostile-1"] = bundle("hostile-1", {"canonical.json": canonical,
+                                                      "transcript.jsonl": hostile_line + b"\n" + real})
+    structured, text, is_error = mcp.tool("fetch_session_context", {"id": "hostile-1"})
+    assert not is_error and structured["turns_total"] == 2 and "its answer" in structured["context"], text
+
+
 def test_the_shape_check_bound_holds_for_wide_strings_and_passes_real_listings():
     """In-process, measured with tracemalloc: an answer ``_parse`` accepts never costs more than
     PARSE_BUDGET x its bytes (decoded text plus parsed objects), including the timed review's
@@ -2971,6 +3026,9 @@ def test_route_target_quotes_every_path_field_and_adds_no_empty_query():
     assert a4sx_mcp._target(routes["acquire"], {"id": "a/b:c@d e"}) == "/library/acquire/a%2Fb%3Ac%40d%20e"
     assert a4sx_mcp._target(routes["acquire"], {"id": 42}) == "/library/acquire/42"
     assert a4sx_mcp._target(routes["acquire"], {"id": "x\ud800"}) == "/library/acquire/x%3F"
+    for dots in ("", ".", ".."):  # a path segment is a name, never another path (issue 16 walk B)
+        with pytest.raises(a4sx_mcp.NetworkError):
+            a4sx_mcp._target(routes["acquire"], {"id": dots})
     assert a4sx_mcp._target(routes["acquire"], {"id": "s", "version": "latest", "tenant": ""}) == \
         "/library/acquire/s?version=latest"
     assert a4sx_mcp._target(routes["discover"], {"q": "a\ud800"}) == "/memory/discover?q=a%3F"
@@ -4325,6 +4383,10 @@ def test_publish_keeps_the_taint_of_another_authors_content(spawn, stub, token, 
     a4sx.sdk.record_lineage("resumed-9", "lib-acq", "1", untrusted=False)
     saved = publish([claude_record("user", "resumed", session_id="resumed-9")])
     assert saved["parent"] == "lib-acq@1" and saved["untrusted"] is True
+    # ... also when the call names a parent of its own (a clean one) instead (issue 16 walk A)
+    a4sx.sdk.record_lineage("resumed-10", "lib-acq", "1", untrusted=False)
+    saved = publish([claude_record("user", "resumed", session_id="resumed-10")], parent="lib-own")
+    assert saved["parent"] == "lib-own" and saved["untrusted"] is True
     # a parent named as id@version, and a push the server deduplicated into a tainted entry (second review)
     saved = publish([claude_record("user", "child", session_id="fresh-6")], parent="lib-acq@1")
     assert saved["parent"] == "lib-acq@1" and saved["untrusted"] is True
@@ -6789,11 +6851,15 @@ def test_slow_call_does_not_delay_other_requests(mcp, stub, token):
 
 
 def test_a_request_whose_worker_fails_is_answered_once(monkeypatch):
-    """Claim 11 (``Server.start_job``): whatever escapes a request's work on a worker, outside the
-    tool's own guard too, the request is answered once with -32603 and the next request is served."""
+    """Claim 11 (``Server.start_job``): whatever escapes a request's work on a worker (outside the
+    tool's own guard too) or the handling of its error, the request is answered once with -32603 and
+    the next request is served."""
     out = []
     server = a4sx_mcp.Server(a4sx_mcp.Settings("http://127.0.0.1:9"), out.append)
-    monkeypatch.setattr(a4sx_mcp.Server, "run_tool", lambda self, name, arguments, ctx: 1 / 0)
+    def feature_error_in_a_tool_call(self, name, arguments, ctx):  # a tool call has no ``answer`` for it
+        raise a4sx_mcp.FeatureError("failed", "x")
+
+    monkeypatch.setattr(a4sx_mcp.Server, "run_tool", feature_error_in_a_tool_call)
     monkeypatch.setattr(a4sx_mcp, "list_resources", lambda ctx, cursor, version: 1 / 0)
     lines = [{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-11-25"}},
              {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "search_sessions"}},
@@ -7764,6 +7830,14 @@ def test_inline_shortcuts_give_the_plain_result():
     assert a4sx_mcp._parse_cost(bundle_bytes) == _exact_structure_cost(bundle_bytes)
     listing_bytes = json.dumps({"items": [{"id": "x,y:{[", "n": [1, 2]}] * 50}).encode()
     assert a4sx_mcp._parse_cost(listing_bytes) == sum(listing_bytes.count(c) * n for c, n in a4sx_mcp.PARSE_COST)
+    # parse_within_budget: the exact count is asked only when the upper bound is over; the same verdict
+    assert a4sx_mcp._parse_cost(listing_bytes, exact=True) == _exact_structure_cost(listing_bytes)
+    lines = [line for data in samples for line in data.split(b"\n") if line.strip()]
+    lines += [b'{"type":"user","x":"' + b'{\\"k\\":[1,2],' * 4000 + b'"}', b"[" + b"{}," * 30000 + b"1]"]
+    for line in lines:
+        text = line.decode("utf-8", "replace")
+        plain = a4sx_mcp.over_parse_budget(len(line), _exact_structure_cost(line), b"\\u" in line, text)
+        assert (a4sx_mcp.parse_within_budget(line) is None) is plain, line[:80]
 
 
 def test_one_line_shortcuts_give_the_plain_result():
