@@ -668,6 +668,8 @@ class Api:
         sent = {"User-Agent": USER_AGENT, "Accept": "application/json"}
         if data is not None:
             sent["Content-Type"] = "application/octet-stream"
+        if any(key.lower() in ("authorization", "host") for key in headers or {}):
+            raise ValueError("Api.send sets Authorization and Host itself")
         sent.update(headers or {})
         safe = route.retry == "yes" or (route.retry == "keyed" and "Idempotency-Key" in sent)
         started = time.monotonic()
@@ -993,7 +995,7 @@ def _network_reason(err):
     reason = err if isinstance(err, ssl.SSLError) else getattr(err, "reason", err)
     if isinstance(reason, ssl.SSLCertVerificationError):
         return "the a4sx server's TLS certificate was not accepted (a certificate problem: %s); trusted: %s" % (
-            _str_param(getattr(reason, "verify_message", "") or "verification failed")[:200], trust_store())
+            one_line(_str_param(getattr(reason, "verify_message", "") or "verification failed"), 200), trust_store())
     if isinstance(reason, http.IncompleteRead):
         return "the a4sx server's answer was cut short"
     if isinstance(reason, socket.timeout) or "timed out" in str(reason):
@@ -1003,7 +1005,8 @@ def _network_reason(err):
     if isinstance(reason, ConnectionRefusedError):
         return "the a4sx server refused the connection"
     if isinstance(reason, ssl.SSLError):
-        return "the TLS connection to the a4sx server failed (%s)" % _str_param(reason.reason or "TLS error")[:80]
+        return "the TLS connection to the a4sx server failed (%s)" % one_line(_str_param(reason.reason or "TLS error"),
+                                                                            80)
     return "the connection to the a4sx server failed"
 
 
@@ -1142,7 +1145,8 @@ def notice_sentences(nonce, untrusted, about=None):
 
 
 def fenced(nonce, body_lines):
-    """BEGIN, the neutralised body, END (exactly once, last): the part a model cannot close."""
+    """BEGIN, the body, END (exactly once, last): the part a model cannot close. The body's lines come
+    escaped by the caller (``neutralize`` or ``one_line``; claim 6's search lists every caller)."""
     return "\n".join(["<<<%s nonce=%s>>>" % (BEGIN_MARK, nonce)] + body_lines + ["<<<%s nonce=%s>>>" % (END_MARK, nonce)])
 
 
@@ -1510,8 +1514,9 @@ def publish_taint(ctx, lineage, framed, parent_row, collection, rows, deduped):
             return True
     untrusted_of = rows_untrusted(rows, ctx.settings.base)
     tainted = {row["id"] for row in rows if isinstance(row.get("id"), str) and untrusted_of(row)}
+    lineage_parent = lineage.get("parent_cid") if isinstance(lineage.get("parent_cid"), str) else None
     return (bool(lineage.get("untrusted")) or framed or bool(parent_row and untrusted_of(parent_row))
-            or lineage.get("parent_cid") in tainted or collection in tainted)
+            or lineage_parent in tainted or collection in tainted)
 
 
 # This server's envelope for another author's content, as a harness records it in a tool result:
@@ -2031,11 +2036,12 @@ def find_session(settings, wanted, meta, cancel):
 
     ``current``: Claude Code's transcript that holds this call's ``claudecode/toolUseId`` (waiting up
     to TURN_WAIT_S for the client to write it), else Codex CLI's rollout named by this call's
-    ``x-codex-turn-metadata.session_id`` once it holds the call (``callId``), else the file of
-    ``$CLAUDE_CODE_SESSION_ID`` unless another session of the same project was written after both
-    this server's start and that file's last write (after ``/clear`` the variable names the session
-    before it, and the new one is written after it; a parallel run looks the same): never a guess. An id: the session
-    file of that name, the most recently written one if two folders hold it."""
+    ``x-codex-turn-metadata.session_id`` (once it holds the call, when the client sends its
+    ``callId``), else the file of ``$CLAUDE_CODE_SESSION_ID`` unless another session of the same
+    project was written after both this server's start and that file's last write (after ``/clear``
+    the variable names the session before it, and the new one is written after it; a parallel run
+    looks the same): never a guess. An id: the session file of that name, the most recently written
+    one if two folders hold it."""
     roots = settings.session_roots
     if wanted != "current":
         found = [s for s in local_sessions(roots) if s.id == wanted]
@@ -3121,8 +3127,8 @@ def publish_parent(given, lineage, rows):
         if row is None and "@" in given:  # cid@version: the version's entry
             return given, next((r for r in rows if r.get("id") == given.rsplit("@", 1)[0]), None)
         return (_str(row["id"]) if row else given), row
-    if lineage and lineage.get("parent_cid"):
-        parent = _str(lineage["parent_cid"])
+    if lineage and isinstance(lineage.get("parent_cid"), str) and lineage["parent_cid"]:
+        parent = lineage["parent_cid"]
         row = next((r for r in rows if r.get("id") == parent), None)
         return parent + ("@" + _str(lineage["parent_version"]) if lineage.get("parent_version") else ""), row
     return None, None
@@ -3914,7 +3920,10 @@ class Server:
                         reply(response)
                     except Exception:  # noqa: BLE001 - claim 11: answered all the same
                         log("warning", "a response could not be sent")
-                        self.write(rpc_error(msg_id, -32603, "Internal error"))
+                        try:
+                            reply(rpc_error(msg_id, -32603, "Internal error"))
+                        except Exception:  # noqa: BLE001 - (a reply that cannot send even that)
+                            self.write(rpc_error(msg_id, -32603, "Internal error"))
             if cancelled:
                 reply(None)
             with self.inflight_lock:
@@ -4152,13 +4161,7 @@ def run_check(settings):
         else "$CLAUDE_CODE_SESSION_ID names no session file here" if settings.claude_session_id
         else "decided per call, from what the client sends (Claude Code: the call's tool use id; Codex CLI: its "
              "session id)"))
-    out.append("reads:      these variables (set or not set; their values are shown only above, never a token's):")
-    env = environment()
-    out += ["  %-34s %-8s %s" % (name, "set" if env[name] else "not set", what) for name, what in ENVIRONMENT]
-    out.append("            and these files in the config dir:")
-    out += ["  %-34s %s; read at %s" % (name, what, when) for name, what, when in FILES]
-    out.append("            and the agents' session files (publish_local_session only, never through a link):")
-    out += ["  %-34s %s" % (name, where) for name, where in SESSION_FILES]
+    out += what_it_reads(environment())
     out.append("log level:  %s (stderr)" % settings.log_level)
     if fixes:
         out.append("")
@@ -4168,6 +4171,18 @@ def run_check(settings):
         out.append("all is well")
     sys.stdout.write("\n".join(out) + "\n")
     return 1 if fixes else 0
+
+
+def what_it_reads(env):
+    """``--check``'s list of everything this file reads (claim 2): ``ENVIRONMENT`` (set or not, never a
+    value), ``FILES`` and ``SESSION_FILES``."""
+    out = ["reads:      these variables (set or not set; their values are shown only above, never a token's):"]
+    out += ["  %-34s %-8s %s" % (name, "set" if env[name] else "not set", what) for name, what in ENVIRONMENT]
+    out.append("            and these files in the config dir:")
+    out += ["  %-34s %s; read at %s" % (name, what, when) for name, what, when in FILES]
+    out.append("            and the agents' session files (publish_local_session only, never through a link):")
+    out += ["  %-34s %s" % (name, where) for name, where in SESSION_FILES]
+    return out
 
 
 def file_digest_line():
