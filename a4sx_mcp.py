@@ -186,7 +186,7 @@ def log(level, message):
 # --- what is read: the environment once (``environment``), the config directory's files ---------
 
 # EVERY environment variable this process reads, and what it sets (``--check`` prints this list).
-# ``environment`` is the only reader of ``os.environ``, besides ``worker_environment``, which passes
+# ``environment`` is the only reader of the process environment, besides ``worker_environment``, which passes
 # the WORKER_ENV names (section 6) to the scrub worker unread.
 ENVIRONMENT = (
     ("A4SX_BASE", "the a4sx server, after --base (default: config.json's, else %s)" % PUBLIC_BASE),
@@ -241,7 +241,7 @@ AS_WRITTEN = ("XDG_CONFIG_HOME", "LOCALAPPDATA", "APPDATA")
 
 def environment():
     """The ``ENVIRONMENT`` variables' values ("" when unset; stripped, except ``AS_WRITTEN``): the one
-    place this file reads ``os.environ`` (``worker_environment`` only copies the ``WORKER_ENV`` names
+    place this file reads the process environment (``worker_environment`` only copies the ``WORKER_ENV`` names
     for the worker; ``os.path.expanduser`` reads ``HOME``, and the SDK's ``a4sx.config`` reads the
     config directory's variables by the same rule as ``config_dir``). ``Settings`` calls it at
     start-up; the token lookup, ``--check`` and ``trust_store`` call it again to read
@@ -545,7 +545,8 @@ class Route:
 # EVERYTHING this process may send to the network. ``Api.send`` takes a name from this table and
 # nothing else: no other path, and no billing or purchase route (acquire never buys). token: the
 # bearer is read and sent by ``Api.send`` itself. max answer: larger answers are refused unread.
-# deadline: connect + TLS + send + read, all of it (a publish passes its upload's, by size). retry: a
+# deadline: TLS + send + read, all of it, and the connect (each of a name's addresses is tried for up
+# to the time left, at most CONNECT_TIMEOUT_S; a publish passes its upload's deadline, by size). retry: a
 # kept-alive connection the server closed while idle is retried once on a fresh one only for
 # requests safe to repeat ("keyed": only with an Idempotency-Key header).
 ROUTES = {
@@ -941,13 +942,18 @@ def over_parse_budget(size, cost, escapes, text):
     return sys.getsizeof(text) + strings_bound(text, escapes) + cost > PARSE_BUDGET * size + 64 * KiB
 
 
+_NOT_STRUCTURE = bytes(byte for byte in range(256) if bytes((byte,)) not in b'{[",:')  # PARSE_COST's bytes kept
+
+
 def parse_within_budget(data):
     """A record an answer carried inside it (a fetched session's ``canonical.json`` or one JSONL line,
     decoded from base64) parsed like ``parse_record``, or None when the shape check refuses it: the
     content parsed again is held to the answer's bound."""
     text, escapes = data.decode("utf-8", "replace"), b"\\u" in data
-    if over_parse_budget(len(data), _parse_cost(data), escapes, text) and over_parse_budget(  # performance:
-            len(data), _parse_cost(data, exact=True), escapes, text):  # the exact count only when the bound is over
+    structure = data.translate(None, _NOT_STRUCTURE)  # performance: the structural bytes alone, to count
+    upper = sum(structure.count(char) * each for char, each in PARSE_COST)  # every one (an upper bound)
+    if over_parse_budget(len(data), upper, escapes, text) and over_parse_budget(  # performance: the exact
+            len(data), _parse_cost(data, exact=True), escapes, text):  # count only when the bound is over
         return None
     return parse_record(text)
 
@@ -1513,15 +1519,19 @@ def publish_taint(ctx, lineage, framed, parent_row, collection, rows, deduped):
             log("warning", "could not list the library to check a deduplicated entry")
             return True
     untrusted_of = rows_untrusted(rows, ctx.settings.base)
-    tainted = {row["id"] for row in rows if isinstance(row.get("id"), str) and untrusted_of(row)}
-    lineage_parent = lineage.get("parent_cid") if isinstance(lineage.get("parent_cid"), str) else None
+    by_id = {row["id"]: row for row in rows if isinstance(row.get("id"), str)}
+
+    def tainted(cid):
+        return isinstance(cid, str) and cid in by_id and untrusted_of(by_id[cid])
+
     return (bool(lineage.get("untrusted")) or framed or bool(parent_row and untrusted_of(parent_row))
-            or lineage_parent in tainted or collection in tainted)
+            or tainted(lineage.get("parent_cid")) or tainted(collection))
 
 
 # This server's envelope for another author's content, as a harness records it in a tool result:
-# the BEGIN line (also as it reads once neutralised inside another envelope) and the CAUTION notice.
-_FRAMED_BEGIN = re.compile("(?:<<<|\u2039\u2039\u2039)%s nonce=[0-9a-f]{16}" % BEGIN_MARK)
+# its marker with a nonce, whatever stands before it (<<<, the look-alikes it becomes once neutralised
+# inside another envelope, or an escape of either), and the CAUTION notice.
+_FRAMED_BEGIN = re.compile("%s nonce=[0-9a-f]{16}" % BEGIN_MARK)
 _FRAMED_BEGIN_UTF8 = re.compile(_FRAMED_BEGIN.pattern.encode("utf-8"))  # the same, on UTF-8 bytes
 OTHER_AUTHOR_CAUTION = "CAUTION: this content was written by ANOTHER author"
 
@@ -2256,8 +2266,9 @@ def scrub_transcript(data, title, label, cancel):
 
 
 def transcript_session_id(data):
-    """The SDK's ``session_id_of`` (the first record's ``sessionId``), asked one candidate line at a
-    time: it would otherwise split and decode the whole upload to find what is on its first line."""
+    """The SDK's ``session_id_of`` (the first record that has a ``sessionId``; none for a Codex CLI
+    rollout, whose records have none), asked one candidate line at a time: it would otherwise split
+    and decode the whole upload to find what is on its first lines."""
     module = sdk_module("transcript")
     for line in byte_lines(data):  # performance: candidate lines only (the SDK would split the whole upload)
         if b"sessionId" in line or b"\\u" in line:
@@ -3354,8 +3365,8 @@ def resource_of(row, version):
     if has(version, "titles"):
         resource["title"] = name
     updated = row.get("updated_at")
-    if has(version, "annotations on resources") and isinstance(updated, str) and re.match(r"\d{4}-\d\d-\d\dT[\d:.]+(Z|[+-]\d\d:\d\d)\Z",
-                                                                        updated):
+    if has(version, "annotations on resources") and isinstance(updated, str) and re.match(
+            r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]+(Z|[+-][0-9]{2}:[0-9]{2})\Z", updated):
         resource["annotations"] = {"lastModified": updated}
     return resource
 
@@ -3609,6 +3620,10 @@ class Pool:
             self.pending += 1
             self.tasks.put(fn)
             self._grow()
+            if not self.threads:  # no worker could be started: taken back, and the caller says busy
+                self.tasks.get_nowait()
+                self.pending -= 1
+                return False
         return True
 
     def grow(self):
@@ -3621,7 +3636,10 @@ class Pool:
         if len(self.threads) < min(limit, self.pending):
             thread = threading.Thread(target=self._run, name="a4sx-tool-%d" % len(self.threads), daemon=True)
             self.threads.append(thread)
-            thread.start()
+            try:
+                thread.start()
+            except RuntimeError:  # out of threads: the queued task waits for a running worker
+                self.threads.remove(thread)
 
     def _run(self):
         while True:
@@ -3701,14 +3719,16 @@ class Server:
             self.write(rpc_error(None, -32600, "Invalid Request: empty batch"))
             return
         collector = BatchReply(self.write)
-        for message in batch:
-            if isinstance(message, dict) and message.get("method") == "initialize":
-                collector.expect()
-                collector.add(rpc_error(message.get("id") if _valid_id(message.get("id")) else None, -32600,
-                                        "Invalid Request: initialize must not be part of a batch"))
-            else:
-                self.handle_message(message, collector.add, collector.expect)
-        collector.close()
+        try:
+            for message in batch:
+                if isinstance(message, dict) and message.get("method") == "initialize":
+                    collector.expect()
+                    collector.add(rpc_error(message.get("id") if _valid_id(message.get("id")) else None, -32600,
+                                            "Invalid Request: initialize must not be part of a batch"))
+                else:
+                    self.handle_message(message, collector.add, collector.expect)
+        finally:  # what was answered goes out, whatever one message raised
+            collector.close()
 
     def handle_message(self, message, reply, expect=lambda: None):
         """Answers a request exactly once through ``reply`` (None = no response: cancelled);
@@ -3750,7 +3770,10 @@ class Server:
         """After the first answer went out: the network modules, the TLS context and a heap trim, in
         the background (``warm_network``)."""
         self.warmed = True
-        threading.Thread(target=warm_network, args=(self.api,), name="a4sx-warm", daemon=True).start()
+        try:
+            threading.Thread(target=warm_network, args=(self.api,), name="a4sx-warm", daemon=True).start()
+        except RuntimeError:  # out of threads: the first call loads them itself
+            pass
 
     def handle_notification(self, message):
         params = message.get("params")
@@ -3891,9 +3914,9 @@ class Server:
     def start_job(self, msg_id, work, reply, answer=None, meta=None, version=None):
         """Runs ``work(ctx)`` on a worker and answers the request once (claim 11): with its result
         (None: cancelled, no response), a ``FeatureError`` through ``answer``, or -32603 for anything
-        else that escapes ``work`` or ``answer``; if ``reply`` itself raises, -32603 goes out through
-        ``Writer`` (which never raises). ``meta``: a tool call's ``_meta`` (its progress token and
-        where it comes from)."""
+        else that escapes ``work`` or ``answer``; if ``reply`` raises, -32603 goes out through it
+        again, else straight through ``Writer`` (which never raises). ``meta``: a tool call's
+        ``_meta`` (its progress token and where it comes from)."""
         key = json.dumps(msg_id)
         state = Inflight()
         meta = meta if isinstance(meta, dict) else {}
@@ -3909,7 +3932,7 @@ class Server:
                     response = answer(err)
             except Cancelled:
                 response = None
-            except Exception as err:  # noqa: BLE001 - claim 11: never leak a traceback, never die
+            except BaseException as err:  # noqa: BLE001 - claim 11: never leak a traceback, never die
                 log("warning", "internal error in a request's worker (%s)" % type(err).__name__)
                 response = rpc_error(msg_id, -32603, "Internal error")
             with state.lock:
@@ -4349,7 +4372,8 @@ class BatchReply:
 # what is sent or to whom. Read the trust code above as if the plain way were used. The shortcuts
 # that stay inline in the trust code are tagged ``# performance:`` (``grep -n "# performance:"``):
 # claude_turns' skipped lines, transcript_session_id's candidate lines, the framing check without
-# escapes; test_inline_shortcuts_give_the_plain_result compares each with the plain way.
+# escapes, parse_within_budget's two counts; test_inline_shortcuts_give_the_plain_result compares each
+# with the plain way.
 
 
 def _clean_line(text):

@@ -1484,8 +1484,8 @@ def _wire_call_seconds(srv, tool):
 # one by one, which its own test checks (claim 14's errors).
 REVIEW_SEARCHES = {
     1: [(r"^\s*(import \w+|from \S+ import )|import_module", {"<module>", "lazy"}),
-        (r"__import__|\bexec\(|\beval\(|CDLL", {"_glibc"})],
-    2: [(r"os\.environ[.)\[]|getenv", {"environment", "ScrubWorker._start"}),
+        (r"__import__|\bexec\(|\beval\(|CDLL|chdir|meta_path|pickle", {"_glibc"})],
+    2: [(r"os\.environ\b|getenv", {"environment", "ScrubWorker._start"}),
         (r"\bopen\(|fdopen\(|scandir|listdir", {"_read_json", "_read_config", "read_private", "_entries", "open_below",
                                                 "_opened", "file_digest_line"}),
         (r"_read_json\(", {"_read_json", "read_lineage", "_record_file"})],
@@ -1509,9 +1509,11 @@ REVIEW_SEARCHES = {
          {"ScrubWorker._start", "mark_untrusted", "record_saved", "read_private"})],
     11: [(r"sys\.stdout|print\(|os\.write\(", {"scrub_worker_main", "serve", "run_check", "main"}),
          (r"start_job\(|start_call\(", {"Server.dispatch", "Server.serve_feature", "Server.start_job",
-                                         "Server.start_call"})],
+                                         "Server.start_call"}),
+         (r"\blog\(", None)],
     13: [(r"open_below\(|_opened\(", {"open_below", "_opened", "read_session", "holds_call", "_rollout_cwd"})],
-    14: [(r"(Tool|Feature|Rpc|Network)Error\(|NoSession\(|ConfigUntrusted\(|rpc_error\(|framed_error\(", None)],
+    14: [(r"(Tool|Feature|Rpc|Network)Error\(|NoSession\(|ConfigUntrusted\(|rpc_error\(|framed_error\(|network_error\(|"
+          r"config_untrusted\(|not_signed_in\(|api_failure\(", None)],
 }
 
 
@@ -4406,6 +4408,12 @@ def test_publish_keeps_the_taint_of_another_authors_content(spawn, stub, token, 
     a4sx.sdk.record_lineage("resumed-10", "lib-acq", "1", untrusted=False)
     saved = publish([claude_record("user", "resumed", session_id="resumed-10")], parent="lib-own")
     assert saved["parent"] == "lib-own" and saved["untrusted"] is True
+    # the framed text escaped twice (a JSON string inside a JSON string, < as \\u003c: walk F)
+    inner = json.dumps({"result": framed}).replace("<", "\\u003c")
+    line = json.dumps(claude_record("user", inner, session_id="fresh-9"))
+    assert "\\\\u003c" in line
+    structured_saved, _, is_error = mcp.tool("publish_session", {"transcript": line + "\n"})
+    assert not is_error and structured_saved["untrusted"] is True
     # a lineage record whose parent is no id (walk D): no crash, and the entry's taint still counts
     lineage_dir = pathlib.Path(a4sx.config.lineage_dir())
     (lineage_dir / "resumed-11.json").write_text(json.dumps({"parent_cid": ["x"], "parent_version": {}}))
@@ -6872,6 +6880,40 @@ def test_slow_call_does_not_delay_other_requests(mcp, stub, token):
     assert mcp.tool("search_sessions", {})[0]["items"][0]["id"] == "l-1"
     assert time.monotonic() - started < 2.0
     assert "result" in mcp.wait_for("slow")
+
+
+def test_out_of_threads_or_a_raising_batch_message_still_answers_each_request_once(monkeypatch):
+    """Claim 11 (walk F): when no worker thread can start, a call is refused as busy and never run
+    later (no second answer); a batch whose handling of one message raises still writes the answers
+    of the others."""
+    out = []
+    server = a4sx_mcp.Server(a4sx_mcp.Settings("http://127.0.0.1:9"), out.append)
+    server.warmed = True
+    server.handle_line(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                                   "params": {"protocolVersion": "2025-03-26"}}).encode())
+
+    def no_thread(self):
+        raise RuntimeError("can't start new thread")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(a4sx_mcp.threading.Thread, "start", no_thread)
+        server.handle_line(json.dumps({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                                       "params": {"name": "search_sessions", "arguments": {}}}).encode())
+    assert out[-1] == {"jsonrpc": "2.0", "id": 2, "error": {"code": -32603,
+                                                           "message": "Server busy: too many requests in flight"}}
+    assert server.pool.pending == 0 and server.pool.tasks.empty() and server.pool.threads == []
+    original = a4sx_mcp.Server.handle_message
+
+    def raising_on_id_4(self, message, reply, expect=lambda: None):
+        if message.get("id") == 4:
+            raise RuntimeError("boom")
+        return original(self, message, reply, expect)
+
+    monkeypatch.setattr(a4sx_mcp.Server, "handle_message", raising_on_id_4)
+    with pytest.raises(RuntimeError):  # (serve's loop catches it)
+        server.handle_line(json.dumps([{"jsonrpc": "2.0", "id": 3, "method": "ping"},
+                                       {"jsonrpc": "2.0", "id": 4, "method": "ping"}]).encode())
+    assert out[-1] == [{"jsonrpc": "2.0", "id": 3, "result": {}}]
 
 
 def test_a_request_whose_worker_fails_is_answered_once(monkeypatch):
