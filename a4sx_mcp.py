@@ -310,11 +310,19 @@ def config_dir(env):
 
 
 def _read_json(path):
+    """A small JSON file (the SDK's records) as it is, or None: never a FIFO or device (opened without
+    waiting for a writer), at most 16 MiB."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError):
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
         return None
+    with os.fdopen(fd, "rb") as f:
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            return json.loads(f.read(16 * MiB + 1).decode("utf-8"))
+        except (OSError, ValueError):
+            return None
 
 
 def path_problem(path, mode):
@@ -717,7 +725,8 @@ class Api:
         path that is not a GET route of the table."""
         parts = urlsplit(urljoin(self.base + current, location.strip()))
         try:
-            same = parts.username is None and normalize_base("%s://%s" % (parts.scheme, parts.netloc)) == self.base
+            same = (parts.username is None and parts.password is None
+                    and normalize_base("%s://%s" % (parts.scheme, parts.netloc)) == self.base)
         except ValueError:
             return None
         if not same or not any(r.method == "GET" and r.path == parts.path for r in ROUTES.values()):
@@ -1001,7 +1010,8 @@ def _network_reason(err):
     reason = err if isinstance(err, ssl.SSLError) else getattr(err, "reason", err)
     if isinstance(reason, ssl.SSLCertVerificationError):
         return "the a4sx server's TLS certificate was not accepted (a certificate problem: %s); trusted: %s" % (
-            one_line(_str_param(getattr(reason, "verify_message", "") or "verification failed"), 200), trust_store())
+            one_line(_str_param(getattr(reason, "verify_message", "") or "verification failed"), 200),
+            one_line(trust_store(), 600))
     if isinstance(reason, http.IncompleteRead):
         return "the a4sx server's answer was cut short"
     if isinstance(reason, socket.timeout) or "timed out" in str(reason):
@@ -1207,25 +1217,26 @@ MAX_DEPTH = 6
 RESULT_BUDGET = 64 * 1024
 
 
-def sanitize(value, caps=FIELD_CAPS, field=None, depth=0, scale=1.0):
+def sanitize(value, caps=FIELD_CAPS, field=None, depth=0, scale=1.0, max_depth=MAX_DEPTH):
     """A JSON value with every string on one line, neutralised and within its field's cap; lists,
-    objects and depth bounded. ``scale`` < 1 shrinks the caps when a result must get smaller."""
+    objects and depth bounded. ``scale`` < 1 shrinks the caps when a result must get smaller;
+    ``max_depth`` below MAX_DEPTH drops nested objects and lists when even that is not enough."""
     if isinstance(value, str):
         return one_line(value, max(8, int(caps.get(field, DEFAULT_CAP) * scale)))
     if isinstance(value, bool) or value is None or isinstance(value, int):
         return value
     if isinstance(value, float):
         return value if value == value and abs(value) != float("inf") else None
-    if depth >= MAX_DEPTH:
+    if depth >= max_depth:
         return None
     if isinstance(value, list):
         limit = MAX_PAGE_ITEMS if field == "items" and depth == 1 else MAX_LIST_ITEMS
-        return [sanitize(v, caps, field, depth + 1, scale) for v in value[:limit]]
+        return [sanitize(v, caps, field, depth + 1, scale, max_depth) for v in value[:limit]]
     if isinstance(value, dict):
         out = {}
         for key, item in list(value.items())[:MAX_KEYS]:
             key = one_line(str(key), 64)
-            out[key] = sanitize(item, caps, key, depth + 1, scale)
+            out[key] = sanitize(item, caps, key, depth + 1, scale, max_depth)
         return out
     return None
 
@@ -1238,17 +1249,18 @@ def wire_size(value):
 def framed_json(result, untrusted=False, rows=None, offset=0, caps=FIELD_CAPS, hint_next=None):
     """A JSON read result as ``(text, structured)``: notice, envelope with the one-line JSON, hint
     line; text plus structured copy within 64 KiB, dropping whole rows from the end (``next_offset``
-    then resumes at the first row left out) and, if that is not enough, shrinking the caps. Rows
-    are sanitised one by one only until the budget is full: rows that will not be sent cost nothing."""
+    then resumes at the first row left out) and, if that is not enough, shrinking the caps, then
+    dropping the deepest nested objects and lists (keys and numbers do not shrink). Rows are
+    sanitised one by one only until the budget is full: rows that will not be sent cost nothing."""
     page_in = (result.get(rows) or [])[:MAX_PAGE_ITEMS] if rows else []
-    scale = 1.0
+    scale, max_depth = 1.0, MAX_DEPTH
     while True:
-        clean = sanitize({k: v for k, v in result.items() if k != rows}, caps, scale=scale)
+        clean = sanitize({k: v for k, v in result.items() if k != rows}, caps, scale=scale, max_depth=max_depth)
         page = []
         if rows:
             used = _frame(dict(clean, **{rows: []}), rows, False, offset, untrusted, hint_next, scale)[2]
             for row in page_in:
-                row = sanitize(row, caps, rows, 2, scale)
+                row = sanitize(row, caps, rows, 2, scale, max(max_depth, 3))  # a row keeps its own fields
                 used += row_cost(row)
                 if used > RESULT_BUDGET:
                     break
@@ -1262,9 +1274,12 @@ def framed_json(result, untrusted=False, rows=None, offset=0, caps=FIELD_CAPS, h
             page.pop()  # the estimate was short: confirm by building
         if size <= RESULT_BUDGET and (page or not page_in):
             return text, structured  # (a first row too big on its own is shortened, never skipped)
-        if scale < 0.05:
+        if scale >= 0.05:
+            scale /= 2
+        elif max_depth > 1:  # scalars alone: at most MAX_KEYS keys of a row or a result
+            max_depth -= 1
+        else:
             raise RuntimeError("result cannot be bounded")
-        scale /= 2
 
 
 def _frame(clean, rows, dropped, offset, untrusted, hint_next, scale):
@@ -3086,6 +3101,7 @@ def publish_checked(ctx, held, args, into=None, local=False):
         raise Cancelled()
     framed = carries_other_authors_framing(data)
     try:
+        lineage = read_lineage(transcript_session_id(data)) or {}  # from the bytes as written, not scrubbed
         with Ticker(ctx, "scrubbing %s on this machine" % _size(len(data))):
             upload, report, texts = scrub_transcript(data, args.get("title"), args.get("label"), ctx.cancel)
         del data  # only the scrubbed bytes are needed from here on
@@ -3098,7 +3114,6 @@ def publish_checked(ctx, held, args, into=None, local=False):
     title, label = (texts.get(k, (None, {}))[0] for k in ("title", "label"))
     text_redactions = sum(sum(texts.get(k, (None, {}))[1].values()) for k in ("title", "label"))
     base = ctx.settings.base
-    lineage = read_lineage(transcript_session_id(upload)) or {}
     rows = ctx.library() if args.get("parent") or label or lineage.get("parent_cid") or into else []
     if into and not any(row.get("id") == into for row in rows):
         into = None  # the entry it was saved to is gone: a new one

@@ -4062,6 +4062,21 @@ def test_summary_caps_and_shrinking_apply_to_a_result_without_rows(mcp, stub):
     assert len(inner["outline"][0]) * 4 == len(inner["description"])  # list items shrink alike (500 vs 2000)
 
 
+def test_a_listing_too_deep_to_shrink_is_framed_without_its_deepest_parts(mcp, stub):
+    """Framing (framed_json, walk G): a listing whose nested labels hold ~100,000 short keys (within
+    the shape check and the answer cap) cannot be bounded by shrinking strings, since keys and numbers
+    do not shrink: its deepest objects are dropped until it fits, so the summary and a search page
+    answer (truncated) instead of failing, and paging does not stall on it."""
+    deep = {"a%02d" % i: {"b%02d" % j: {"k%09d" % (i * 10000 + j * 100 + k): 1 for k in range(40)}
+                          for j in range(50)} for i in range(50)}
+    stub.listings["deep-1"] = listing("deep-1", labels=deep, provenance=deep)
+    structured, text, is_error = mcp.tool("get_session_summary", {"id": "deep-1"})
+    assert not is_error and structured["truncated"] is True, text[:300]
+    assert structured["id"] == "deep-1" and structured["title"] and structured["labels"] is not None
+    structured, text, is_error = mcp.tool("search_sessions", {"query": ""})
+    assert not is_error and any(row["id"] == "deep-1" for row in structured["items"]), text[:300]
+
+
 def test_a_page_with_more_rows_ends_with_the_server_hint_line(mcp, stub, token):
     """Framing (_frame): a page with a next_offset gets the hint line after the envelope, word for
     word, and the same hints in the structured copy."""
