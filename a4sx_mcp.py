@@ -186,8 +186,8 @@ def log(level, message):
 # --- what is read: the environment once (``environment``), the config directory's files ---------
 
 # EVERY environment variable this process reads, and what it sets (``--check`` prints this list).
-# ``environment`` is the only reader of the process environment, besides ``worker_environment``, which passes
-# the WORKER_ENV names (section 6) to the scrub worker unread.
+# ``environment`` is the only reader of the process environment, besides ``worker_environment``,
+# which passes the WORKER_ENV names (section 6) to the scrub worker unread.
 ENVIRONMENT = (
     ("A4SX_BASE", "the a4sx server, after --base (default: config.json's, else %s)" % PUBLIC_BASE),
     ("A4SX_SESSION", "a token (for CI), sent only to A4SX_SESSION_BASE's server; never printed or kept"),
@@ -241,9 +241,9 @@ AS_WRITTEN = ("XDG_CONFIG_HOME", "LOCALAPPDATA", "APPDATA")
 
 def environment():
     """The ``ENVIRONMENT`` variables' values ("" when unset; stripped, except ``AS_WRITTEN``): the one
-    place this file reads the process environment (``worker_environment`` only copies the ``WORKER_ENV`` names
-    for the worker; ``os.path.expanduser`` reads ``HOME``, and the SDK's ``a4sx.config`` reads the
-    config directory's variables by the same rule as ``config_dir``). ``Settings`` calls it at
+    place this file reads the process environment (``worker_environment`` only copies the
+    ``WORKER_ENV`` names for the worker; ``os.path.expanduser`` reads ``HOME``, and the SDK's
+    ``a4sx.config`` reads the config directory's variables by the same rule as ``config_dir``). ``Settings`` calls it at
     start-up; the token lookup, ``--check`` and ``trust_store`` call it again to read
     ``A4SX_SESSION`` (never kept) and the TLS variables."""
     values = {name: os.environ.get(name) or "" for name, _ in ENVIRONMENT}
@@ -309,16 +309,20 @@ def config_dir(env):
     return os.path.join(os.path.expanduser("~"), ".config", "a4sx")
 
 
-def _read_json(path):
-    """A small JSON file (the SDK's records) as it is, or None: never a FIFO or device (opened without
-    waiting for a writer), at most 16 MiB."""
+def _read_json(path, mode=None):
+    """A small JSON file (a config file, the SDK's records) as it is, or None: never a FIFO or device
+    (opened without waiting for a writer), at most 16 MiB; with ``mode``, None too when it has a
+    ``_trust_problem``, checked on the descriptor it is read through (so it cannot be swapped in
+    between)."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError:
         return None
     with os.fdopen(fd, "rb") as f:
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            status = os.fstat(fd)
+            if not stat.S_ISREG(status.st_mode) or (mode and os.name == "posix"
+                                                     and _trust_problem(path, status, mode)):
                 return None
             return json.loads(f.read(16 * MiB + 1).decode("utf-8"))
         except (OSError, ValueError):
@@ -337,22 +341,10 @@ def path_problem(path, mode):
 
 
 def _read_config(path):
-    """A config file that names a server (``config.json``, ``amdx.json``), or None: one that is not a
-    regular file or has a ``_trust_problem`` (checked on the descriptor it is read through, so it
-    cannot be swapped in between) is ignored like an absent one, since it would choose where a token
-    goes (``--check`` reports the problem)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except OSError:
-        return None
-    with os.fdopen(fd, encoding="utf-8") as f:
-        status = os.fstat(fd)
-        if not stat.S_ISREG(status.st_mode) or (os.name == "posix" and _trust_problem(path, status, "600")):
-            return None
-        try:
-            return json.load(f)
-        except (OSError, ValueError):
-            return None
+    """A config file that names a server (``config.json``, ``amdx.json``), or None: one with a
+    ``_trust_problem`` is ignored like an absent one, since it would choose where a token goes
+    (``--check`` reports the problem)."""
+    return _read_json(path, "600")
 
 
 def _stored_base(folder):
@@ -584,6 +576,7 @@ REDIRECT_STATUSES = (301, 302, 303, 307, 308)
 # whole text 4 bytes a character); [{},{},...] estimates 40x.
 PARSE_COST = ((b"{", 80), (b"[", 72), (b'"', 30), (b",", 40), (b":", 56))
 PARSE_BUDGET = 16
+_NOT_STRUCTURE = bytes(byte for byte in range(256) if bytes((byte,)) not in b'{[",:')  # all but PARSE_COST's
 
 
 class NetworkError(Exception):
@@ -951,18 +944,13 @@ def over_parse_budget(size, cost, escapes, text):
     return sys.getsizeof(text) + strings_bound(text, escapes) + cost > PARSE_BUDGET * size + 64 * KiB
 
 
-_NOT_STRUCTURE = bytes(byte for byte in range(256) if bytes((byte,)) not in b'{[",:')  # PARSE_COST's bytes kept
-
-
 def parse_within_budget(data):
     """A record an answer carried inside it (a fetched session's ``canonical.json`` or one JSONL line,
     decoded from base64) parsed like ``parse_record``, or None when the shape check refuses it: the
     content parsed again is held to the answer's bound."""
     text, escapes = data.decode("utf-8", "replace"), b"\\u" in data
-    structure = data.translate(None, _NOT_STRUCTURE)  # performance: the structural bytes alone, to count
-    upper = sum(structure.count(char) * each for char, each in PARSE_COST)  # every one (an upper bound)
-    if over_parse_budget(len(data), upper, escapes, text) and over_parse_budget(  # performance: the exact
-            len(data), _parse_cost(data, exact=True), escapes, text):  # count only when the bound is over
+    if over_parse_budget(len(data), _parse_cost(data), escapes, text) and over_parse_budget(  # performance:
+            len(data), _parse_cost(data, exact=True), escapes, text):  # the exact count only when the bound is over
         return None
     return parse_record(text)
 
@@ -983,7 +971,8 @@ def _parse_cost(payload, exact=False):
     allocates."""
     quotes = payload.count(b'"')
     if quotes > len(payload) >> 12 and not exact:
-        return sum(payload.count(char) * each for char, each in PARSE_COST)
+        structure = payload.translate(None, _NOT_STRUCTURE)  # performance: counted on those bytes alone
+        return sum(structure.count(char) * each for char, each in PARSE_COST)
     structure = [(char, each) for char, each in PARSE_COST if char != b'"']
     cost, pos = quotes * dict(PARSE_COST)[b'"'], 0
     while True:
@@ -1021,8 +1010,8 @@ def _network_reason(err):
     if isinstance(reason, ConnectionRefusedError):
         return "the a4sx server refused the connection"
     if isinstance(reason, ssl.SSLError):
-        return "the TLS connection to the a4sx server failed (%s)" % one_line(_str_param(reason.reason or "TLS error"),
-                                                                            80)
+        what = one_line(_str_param(reason.reason or "TLS error"), 80)
+        return "the TLS connection to the a4sx server failed (%s)" % what
     return "the connection to the a4sx server failed"
 
 
@@ -4387,8 +4376,8 @@ class BatchReply:
 # what is sent or to whom. Read the trust code above as if the plain way were used. The shortcuts
 # that stay inline in the trust code are tagged ``# performance:`` (``grep -n "# performance:"``):
 # claude_turns' skipped lines, transcript_session_id's candidate lines, the framing check without
-# escapes, parse_within_budget's two counts; test_inline_shortcuts_give_the_plain_result compares each
-# with the plain way.
+# escapes, _parse_cost's count on the structural bytes alone, parse_within_budget's two counts;
+# test_inline_shortcuts_give_the_plain_result compares each with the plain way.
 
 
 def _clean_line(text):
