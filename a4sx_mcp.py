@@ -20,7 +20,7 @@ performance code; each section's banner names the claims below that it carries:
 6. the a4sx SDK bridge             (claims 7, 9: the scrub worker, the SDK's records, lazily)
 7. tools                           (claims 7, 10: schemas, validation, handlers, ``publish_checked``)
 8. resources, prompts, completions (claim 14: the same handlers, picked by the user; names only)
-9. the MCP dispatcher              (claim 11: both eras, every request answered once)
+9. the MCP dispatcher              (both eras, every request answered once: tested, not a claim)
 10. the stdio loop and ``main``    (claims 11, 12: ``Writer``, ``serve``, ``--check``, ``--version``)
 11. compatibility                  (what each handshake revision shows: ``has``, ``tools_for``)
 12. performance only               (shortcuts that change no result: skip when auditing)
@@ -57,20 +57,21 @@ that shows there is no other place, and the test that proves it:
    mode (``read_private``: 0600, never through a symlink).
 10. Nothing buys: no billing or purchase route exists (``ROUTES``; ``tool_acquire_session``).
 11. stdout carries only protocol messages (``Writer``; ``serve`` sends what else is printed to stderr); no
-    single message ends the process (``serve`` catches what a line raises; ``Server.start_job``
-    answers each request run on a worker once); logs go to stderr: a tool's name, outcome and
-    duration, never arguments or results.
+    single message ends the process (``serve`` catches what a line raises); logs go to stderr: a
+    tool's name, outcome and duration, never arguments or results. (That each request is answered
+    once is the dispatcher's protocol correctness, tested, not a claim.)
 12. ``--version`` prints the running file's SHA-256 (``file_digest_line``): hash a copy yourself too.
 13. A session file is read only inside the agents' session folders, found by listing them (an id is
     never joined into a path), opened without following a link (``open_below``), never a FIFO, a
     device, another user's file or a hard link (``_file_problem``); the current session is the one
     the call's ``_meta`` names (``find_session``), never a guess.
-14. Every text outside an envelope is this file's own or a name: error messages are this file's
-    literals with counts, this machine's settings and paths, and names (``error_text``; details
-    through ``ERROR_DETAILS``); prompt texts carry the user's own arguments;
-    names are identifier-shaped ids and labels (``resource_of``, ``library_values``), the API's error
-    codes of the documented shape (``api_error_fields``), and names the client or the model wrote,
-    echoed as one capped line (``echoed_name``).
+14. Every text outside an envelope is this file's own or a name: an error's message and a progress
+    note are ``Words`` (``error_text``, ``rpc_error``, ``ToolContext.progress`` take nothing else),
+    made only by ``say`` from a string literal of this file and by ``plain_name`` (an identifier),
+    ``echoed_name`` (a name the client or the model wrote) and ``local_line`` (a value of this
+    machine); an error's details pass ``ERROR_DETAILS``; resource lists and completions carry
+    identifier-shaped names (``resource_of``, ``library_values``); prompt texts carry the user's own
+    arguments.
 
 Run it as ``a4sx-mcp``, ``python -m a4sx_mcp`` or ``python3 a4sx_mcp.py`` (a copied file works as is).
 """
@@ -403,10 +404,11 @@ class ConfigUntrusted(Exception):
 def _trust_problem(path, status, mode):
     """Why ``path`` must not be trusted (ssh's rule: owned by this user, writable by it alone), or None."""
     if status.st_uid != os.getuid():
-        return "%s is owned by another user: if it is yours, run `sudo chown %d %s`" % (path, os.getuid(),
-                                                                                        shell_quote(path))
+        return say("%s is owned by another user: if it is yours, run `sudo chown %d %s`", local_line(path), os.getuid(),
+                   local_line(shell_quote(path)))
     if status.st_mode & 0o022:
-        return "%s is writable by group or others: run `chmod %s %s`" % (path, mode, shell_quote(path))
+        return say("%s is writable by group or others: run `chmod %s %s`", local_line(path), local_line(mode),
+                   local_line(shell_quote(path)))
     return None
 
 
@@ -434,8 +436,8 @@ def read_private(path):
         problem = _trust_problem(path, status, "600")
         if problem is None and status.st_mode & 0o077:
             if linked:
-                problem = ("%s (a symlink) is readable by group or others: run `chmod 600 %s`"
-                           % (path, os.path.realpath(path)))
+                problem = say("%s (a symlink) is readable by group or others: run `chmod 600 %s`",
+                              local_line(path), local_line(os.path.realpath(path)))
             else:
                 os.fchmod(fd, 0o600)
         if problem:
@@ -521,7 +523,7 @@ class Settings:
         return None, None
 
     def login_hint(self):
-        return "a4sx login" if self.base == PUBLIC_BASE else "a4sx login --base %s" % self.base
+        return say("a4sx login") if self.base == PUBLIC_BASE else say("a4sx login --base %s", local_line(self.base))
 
 
 # =============================================================================================
@@ -808,7 +810,7 @@ class Api:
         """``[deadline, connection, why it ended (None: running), end(), its seconds]``."""
         watch = [deadline, conn, None]
 
-        def end(why="the call was cancelled"):
+        def end(why=say("the call was cancelled")):
             if watch[2] is None:
                 watch[2] = why
                 _shut(conn)
@@ -841,8 +843,8 @@ class Api:
                 now = time.monotonic()
                 for watch in list(self.watched.values()):
                     if watch[0] <= now:
-                        watch[3]("the a4sx server did not answer in time (the request took longer than its "
-                                 "%s s deadline)" % watch[4])
+                        watch[3](say("the a4sx server did not answer in time (the request took longer than "
+                                     "its %s s deadline)", watch[4]))
                 while self.idle and now - self.idle[0][1] >= IDLE_CLOSE_S:
                     self.idle.pop(0)[0].close()
                 wake = [w[0] for w in self.watched.values() if w[2] is None] + [s + IDLE_CLOSE_S for _, s in self.idle]
@@ -869,7 +871,7 @@ def _target(route, params):
         if "{%s}" % key in path:
             segment = quote(_str_param(value), safe="", errors="replace")
             if segment in ("", ".", ".."):
-                raise NetworkError("refused to send a request whose %s is not a name" % key)
+                raise NetworkError(say("refused to send a request whose %s is not a name", plain_name(key)))
             path = path.replace("{%s}" % key, segment)
         elif value not in (None, ""):
             query[key] = value
@@ -888,7 +890,7 @@ def _read_body(resp, cap, conn, deadline):
     announced = int(length) if length and length.strip().isdigit() else None
     if announced is not None and announced > cap:
         resp.close()
-        raise NetworkError("the answer was larger than %s, the most this request accepts" % _size(cap))
+        raise NetworkError(say("the answer was larger than %s, the most this request accepts", _size(cap)))
     if announced is not None and not resp.chunked:  # http.client reads exactly the announced bytes
         payload = resp.read()
     else:  # no length, or chunked (which http.client reads to its end whatever Content-Length says)
@@ -901,7 +903,7 @@ def _read_body(resp, cap, conn, deadline):
             size += len(part)
         payload = b"".join(parts)
     if len(payload) > cap:
-        raise NetworkError("the answer was larger than %s, the most this request accepts" % _size(cap))
+        raise NetworkError(say("the answer was larger than %s, the most this request accepts", _size(cap)))
     return payload
 
 
@@ -911,7 +913,7 @@ def _read_timeout(conn, deadline):
 
 
 def _size(n):
-    return "%d MiB" % (n // MiB) if n >= MiB else "%d KiB" % (n // KiB)
+    return say("%d MiB", n // MiB) if n >= MiB else say("%d KiB", n // KiB)
 
 
 def _parse(held):
@@ -929,8 +931,8 @@ def _parse(held):
         return {}
     del payload  # a large bundle is held once, not twice, while it is parsed
     if over_parse_budget(size, cost, payload_had_escapes, text):
-        raise NetworkError("the answer's shape was refused: %d bytes that would parse into more than %d times "
-                           "that" % (size, PARSE_BUDGET))
+        raise NetworkError(say("the answer's shape was refused: %d bytes that would parse into more than %d times "
+                               "that", size, PARSE_BUDGET))
     try:
         return json.loads(text)
     except (ValueError, RecursionError):
@@ -998,21 +1000,21 @@ def _network_reason(err):
     http, socket, ssl = lazy("http.client"), lazy("socket"), lazy("ssl")
     reason = err if isinstance(err, ssl.SSLError) else getattr(err, "reason", err)
     if isinstance(reason, ssl.SSLCertVerificationError):
-        return "the a4sx server's TLS certificate was not accepted (a certificate problem: %s); trusted: %s" % (
-            one_line(_str_param(getattr(reason, "verify_message", "") or "verification failed"), 200),
-            one_line(trust_store(), 600))
+        return say("the a4sx server's TLS certificate was not accepted (a certificate problem: %s); trusted: %s",
+                   local_line(_str_param(getattr(reason, "verify_message", "") or "verification failed"), 200),
+                   local_line(trust_store(), 600))
     if isinstance(reason, http.IncompleteRead):
-        return "the a4sx server's answer was cut short"
+        return say("the a4sx server's answer was cut short")
     if isinstance(reason, socket.timeout) or "timed out" in str(reason):
-        return "the a4sx server did not answer in time"
+        return say("the a4sx server did not answer in time")
     if isinstance(reason, socket.gaierror):
-        return "the a4sx server's name could not be resolved"
+        return say("the a4sx server's name could not be resolved")
     if isinstance(reason, ConnectionRefusedError):
-        return "the a4sx server refused the connection"
+        return say("the a4sx server refused the connection")
     if isinstance(reason, ssl.SSLError):
-        what = one_line(_str_param(reason.reason or "TLS error"), 80)
-        return "the TLS connection to the a4sx server failed (%s)" % what
-    return "the connection to the a4sx server failed"
+        what = local_line(_str_param(reason.reason or "TLS error"), 80)
+        return say("the TLS connection to the a4sx server failed (%s)", what)
+    return say("the connection to the a4sx server failed")
 
 
 def api_error_fields(body):
@@ -1104,12 +1106,6 @@ def one_line(text, cap):
     if len(text) <= cap and _clean_line(text):
         return text
     return bounded(text, cap, _one_line_whole)
-
-
-def echoed_name(value, cap=100):
-    """A name the client or the model wrote (an argument, prompt, method or tool name, a protocol
-    version), echoed in an error message: one line, neutralised, at most ``cap`` characters."""
-    return one_line(_str(value), cap)
 
 
 def _one_line_whole(text):
@@ -1300,6 +1296,49 @@ def _frame(clean, rows, dropped, offset, untrusted, hint_next, scale):
     return text, structured, wire_size(text) + wire_size(structured)
 
 
+# --- this file's words: the only text a result carries outside an envelope (claim 14) ---------
+
+
+class Words(str):
+    """Text the model may read outside an envelope: an error's message, a progress note. Made only
+    by the four functions below; ``error_text``, ``rpc_error`` and ``ToolContext.progress`` take
+    nothing else (``say`` raises TypeError), and a str operation on Words gives a plain str."""
+
+    __slots__ = ()
+
+
+def say(template, *args):
+    """``template % args``: the template is a string literal at every call (claim 14's search), each
+    argument a number or Words."""
+    for arg in args:
+        if not isinstance(arg, (int, float, Words)):
+            raise TypeError("say() fills in numbers and Words only, not %s" % type(arg).__name__)
+    return Words(template % args)
+
+
+_PLAIN_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.:/-]{0,99}\Z")
+
+
+def plain_name(value):
+    """An identifier (a record type, the API's error code, a schema's or the protocol's name), or
+    names joined by ", ": no space, so no prose fits; ``unnamed`` for anything else."""
+    if isinstance(value, (list, tuple)):
+        return Words(", ".join(plain_name(item) for item in value))
+    return Words(value if isinstance(value, str) and _PLAIN_NAME.match(value) else "unnamed")
+
+
+def echoed_name(value, cap=100):
+    """A name the client or the model wrote (an argument, prompt, method or tool name, a URI, a
+    protocol version, an idempotency key): one line, neutralised, at most ``cap`` characters."""
+    return Words(one_line(_str(value), cap))
+
+
+def local_line(value, cap=600):
+    """A value of this machine or this file (the server's origin, a path, the trust store, OpenSSL's
+    words for a TLS failure, a schema's pattern): one line, neutralised, at most ``cap`` characters."""
+    return Words(one_line(_str(value), cap))
+
+
 # --- tool results: every tool output is built by one of these (framed or fixed text) ---------
 
 
@@ -1333,9 +1372,17 @@ def context_result(text, nonce, untrusted, fields):
 
 
 def error_text(code, message):
-    """An error result's text: the code and this file's fixed message (clients that hide the
-    structured copy of an error, as Claude Code does, still show the model the code)."""
-    return "a4sx error %s: %s" % (code, message)
+    """An error result's text: the code (a plain name) and the message, this file's Words (clients
+    that hide the structured copy of an error, as Claude Code does, still show the model the code)."""
+    return say("a4sx error %s: %s", plain_name(code), message)
+
+
+def rpc_error(msg_id, code, message, data=None):
+    """A JSON-RPC error; ``message`` is this file's Words (``say`` refuses anything else)."""
+    error = {"code": code, "message": say("%s", message)}
+    if data is not None:
+        error["data"] = data
+    return {"jsonrpc": "2.0", "id": msg_id, "error": error}
 
 
 # The only details an error may carry beside its code and message (in the structured copy, and as
@@ -1371,17 +1418,19 @@ def framed_error(code, message, payload, untrusted, outcome, **fields):
     return Result(error_text(code, message) + "\n\n" + text, structured, True, outcome)
 
 
-def network_error(settings, err, hint=""):
-    return ToolError("network_error", "Could not reach the a4sx server at %s: %s.%s" % (settings.base, err, hint))
+def network_error(settings, err, hint=say("")):
+    """``err``: a NetworkError, whose message is this file's words."""
+    return ToolError("network_error", say("Could not reach the a4sx server at %s: %s.%s", local_line(settings.base),
+                                          err.args[0], hint))
 
 
 def config_untrusted(err):
-    return ToolError("config_untrusted", "The a4sx sign-in was not used: %s. Nothing was sent." % err)
+    return ToolError("config_untrusted", say("The a4sx sign-in was not used: %s. Nothing was sent.", err.args[0]))
 
 
 def not_signed_in(settings):
-    return ToolError("not_signed_in", "Not signed in to %s: run `%s` in a terminal, then try again."
-                     % (settings.base, settings.login_hint()))
+    return ToolError("not_signed_in", say("Not signed in to %s: run `%s` in a terminal, then try again.",
+                                          local_line(settings.base), settings.login_hint()))
 
 
 def api_failure(settings, status, body):
@@ -1390,15 +1439,18 @@ def api_failure(settings, status, body):
     if status in (401, 403) and (code in ("library_token_read_only", "insufficient_scope", "not_logged_in",
                                           "auth_invalid", "forbidden_role", "auth_missing")
                                  or (status == 401 and not code)):
-        return ToolError("credential_not_accepted", "The a4sx sign-in was not accepted (it may have expired or been "
-                         "revoked): run `%s` in a terminal, then try again." % settings.login_hint(), status=status)
+        return ToolError("credential_not_accepted",
+                         say("The a4sx sign-in was not accepted (it may have expired or been revoked): run `%s` in "
+                             "a terminal, then try again.", settings.login_hint()), status=status)
     if status == 429:
         retry = retry_after_of(details)
-        return ToolError("rate_limited", "The a4sx server is rate limiting requests; try again %s."
-                         % ("in %d s" % retry if retry else "shortly"), retry_after_s=retry, status=status)
+        return ToolError("rate_limited", say("The a4sx server is rate limiting requests; try again %s.",
+                                             say("in %d s", retry) if retry else say("shortly")),
+                         retry_after_s=retry, status=status)
     if status == 404:
-        return ToolError("not_found", "Not found on the a4sx server.", status=status)
-    return ToolError(code or "http_error", "The a4sx server answered HTTP %d%s." % (status, " (%s)" % code if code else ""),
+        return ToolError("not_found", say("Not found on the a4sx server."), status=status)
+    return ToolError(code or "http_error", say("The a4sx server answered HTTP %d%s.", status,
+                                               say(" (%s)", plain_name(code)) if code else say("")),
                      status=status)
 
 
@@ -1454,14 +1506,16 @@ def _record_problem(record, first, session_id):
     kind = record["type"]
     if first.get("type") == "session_meta":
         if not ROLLOUT_ENVELOPE <= set(record) or not isinstance(record["timestamp"], str):
-            return "is not a Codex CLI record (timestamp, type, payload)"
-        return None if isinstance(record["payload"], dict) else "has no payload object"
+            return say("is not a Codex CLI record (timestamp, type, payload)")
+        return None if isinstance(record["payload"], dict) else say("has no payload object")
     if kind in SESSIONLESS_RECORDS and "sessionId" not in record:
-        return None if set(record) <= SESSIONLESS_RECORDS[kind] else "holds fields a %s record does not have" % kind
+        if set(record) <= SESSIONLESS_RECORDS[kind]:
+            return None
+        return say("holds fields a %s record does not have", plain_name(kind))
     if not isinstance(record.get("sessionId"), str) or not record["sessionId"]:
-        return "has no sessionId (every Claude Code record of a session carries it)"
+        return say("has no sessionId (every Claude Code record of a session carries it)")
     if session_id is not None and record["sessionId"] != session_id:
-        return "belongs to another session (its sessionId differs)"
+        return say("belongs to another session (its sessionId differs)")
     return None
 
 
@@ -1476,31 +1530,32 @@ def check_transcript(data):
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError:
-            return "line %d is not valid UTF-8" % number
+            return say("line %d is not valid UTF-8", number)
         record = parse_record(line)
         if record is None:
-            return "line %d is not valid JSON" % number
+            return say("line %d is not valid JSON", number)
         if not isinstance(record, dict):
-            return "line %d is not a JSON object" % number
+            return say("line %d is not a JSON object", number)
         if not isinstance(record.get("type"), str):
-            return "line %d has no string \"type\"" % number
+            return say("line %d has no string \"type\"", number)
         if not _RECORD_TYPE.match(record["type"]):  # echoed only when it is a plain name
-            return "line %d has a record type that no supported harness writes" % number
+            return say("line %d has a record type that no supported harness writes", number)
         if first is None:
             first = record
             if first.get("type") == "session_meta" and not isinstance(first.get("payload"), dict):
-                return "line %d is a session_meta record without a payload object" % number
+                return say("line %d is a session_meta record without a payload object", number)
         problem = _record_problem(record, first, session_id)
         if problem:
-            return "line %d (record type %s) %s" % (number, json.dumps(record["type"]), problem)
+            return say("line %d (record type \"%s\") %s", number, plain_name(record["type"]), problem)
         session_id = session_id or record.get("sessionId")
         if record["type"] in ("user", "assistant") and isinstance(record.get("message"), dict):
             has_turn = True
     if first is None:
-        return "the transcript has no records"
+        return say("the transcript has no records")
     if has_turn or first.get("type") == "session_meta":
         return None
-    return "no Claude Code turn (a user or assistant record with a message object) and no Codex CLI session_meta first"
+    return say("no Claude Code turn (a user or assistant record with a message object) and no Codex CLI "
+               "session_meta first")
 
 
 # --- the taint rule: the one place that decides a publish's ``untrusted`` (claim 8) ---------------
@@ -1927,11 +1982,11 @@ def open_below(root, parts):
 def _file_problem(status):
     """Why an opened session file must not be read, or None."""
     if not stat.S_ISREG(status.st_mode):
-        return "it is not a regular file"
+        return say("it is not a regular file")
     if os.name == "posix" and status.st_uid != os.getuid():
-        return "it belongs to another user"
+        return say("it belongs to another user")
     if os.name == "posix" and status.st_nlink != 1:
-        return "it has another hard link, so it could be any file"
+        return say("it has another hard link, so it could be any file")
     return None
 
 
@@ -1940,13 +1995,13 @@ def _opened(session):
     try:
         handle = os.fdopen(open_below(session.root, session.parts), "rb")
     except OSError:
-        raise ToolError("session_unreadable", "The session file could not be opened without following a link (it "
-                        "may be gone, or a link leads to it). Nothing was sent.") from None
+        raise ToolError("session_unreadable", say("The session file could not be opened without following a link (it "
+                                                  "may be gone, or a link leads to it). Nothing was sent.")) from None
     status = os.fstat(handle.fileno())
     problem = _file_problem(status)
     if problem:
         handle.close()
-        raise ToolError("session_unreadable", "The session file was not read: %s. Nothing was sent." % problem)
+        raise ToolError("session_unreadable", say("The session file was not read: %s. Nothing was sent.", problem))
     return handle, status
 
 
@@ -1958,9 +2013,10 @@ def read_session(session, cap):
         data = handle.read(cap + 1) if status.st_size <= cap else b""
     if status.st_size > cap or len(data) > cap:
         size = max(status.st_size, len(data))
-        raise ToolError("too_large", "The session is %d bytes; publish_local_session reads at most %d bytes "
-                        "(A4SX_MCP_MAX_LOCAL_BYTES). Save it with the a4sx CLI: `a4sx push %s`. Nothing was sent."
-                        % (size, cap, one_line(shell_quote(session.path()), 600)), size=size, cap=cap)
+        raise ToolError("too_large", say("The session is %d bytes; publish_local_session reads at most %d bytes "
+                                         "(A4SX_MCP_MAX_LOCAL_BYTES). Save it with the a4sx CLI: `a4sx push %s`. "
+                                         "Nothing was sent.", size, cap, local_line(shell_quote(session.path()), 600)),
+                        size=size, cap=cap)
     end = data.rfind(b"\n") + 1
     return data if end == len(data) else data[:end]
 
@@ -2060,7 +2116,7 @@ def find_session(settings, wanted, meta, cancel):
     if wanted != "current":
         found = [s for s in local_sessions(roots) if s.id == wanted]
         if not found:
-            raise NoSession("No Claude Code or Codex CLI session with this id is recorded on this machine.",
+            raise NoSession(say("No Claude Code or Codex CLI session with this id is recorded on this machine."),
                             project_sessions(settings, local_sessions(roots)))
         return found[0], "id"
     def local_id(value):  # an id the client sent, only when it is one of the schema's shape
@@ -2078,17 +2134,17 @@ def find_session(settings, wanted, meta, cancel):
                     checked[session.parts] = seen
                     if holds_call(session, tool_use):
                         return session, "claudecode/toolUseId"
-        raise NoSession("No Claude Code transcript on this machine holds this call (its tool use id) after %d s: "
-                        "session persistence may be off. Pass session=<id> to save one of these." % TURN_WAIT_S,
+        raise NoSession(say("No Claude Code transcript on this machine holds this call (its tool use id) after %d s: "
+                            "session persistence may be off. Pass session=<id> to save one of these.", TURN_WAIT_S),
                         project_sessions(settings, local_sessions(roots)))
     if codex_id:
         for sessions in _polled(roots, "codex-cli", cancel):  # its rollout, once it holds this call
             found = [s for s in sessions if s.id == codex_id and (call_id is None or holds_call(s, call_id))]
             if found:
                 return found[0], "x-codex-turn-metadata"
-        raise NoSession("Codex CLI named this session, but no rollout of it holding this call was written on this "
-                        "machine within %d s (is $CODEX_HOME set for Codex but not in this server's environment?)."
-                        % TURN_WAIT_S, project_sessions(settings, local_sessions(roots)))
+        raise NoSession(say("Codex CLI named this session, but no rollout of it holding this call was written on "
+                            "this machine within %d s (is $CODEX_HOME set for Codex but not in this server's "
+                            "environment?).", TURN_WAIT_S), project_sessions(settings, local_sessions(roots)))
     if settings.claude_session_id:
         sessions = local_sessions(roots, "claude-code")
         own = [s for s in sessions if s.id == settings.claude_session_id]
@@ -2097,12 +2153,13 @@ def find_session(settings, wanted, meta, cancel):
                      and s.mtime > max(own[0].mtime, settings.started_at)]
             if not newer:
                 return own[0], "CLAUDE_CODE_SESSION_ID"
-            raise NoSession("Claude Code started this server in a session that is no longer the only one written "
-                            "in this project (after /clear it names the session before; a parallel run looks the "
-                            "same), and this call does not say which it is. Pass session=<id>.",
+            raise NoSession(say("Claude Code started this server in a session that is no longer the only one written "
+                                "in this project (after /clear it names the session before; a parallel run looks the "
+                                "same), and this call does not say which it is. Pass session=<id>."),
                             project_sessions(settings, sessions))
-    raise NoSession("This MCP client does not say which session the call comes from (Claude Code and Codex CLI do). "
-                    "Pass session=<id> to save one of these.", project_sessions(settings, local_sessions(roots)))
+    raise NoSession(say("This MCP client does not say which session the call comes from (Claude Code and Codex CLI "
+                        "do). Pass session=<id> to save one of these."),
+                    project_sessions(settings, local_sessions(roots)))
 
 
 # =============================================================================================
@@ -2532,56 +2589,60 @@ def _pattern(source):
 
 
 def validate(schema, value, path):
-    """None, or ``"<path>: <problem>"`` for the first violation (the subset the tool schemas use)."""
+    """None, or ``"<path>: <problem>"`` for the first violation (the subset the tool schemas use), in
+    this file's words: schema names and constants, and an unknown property's name echoed."""
+    path = path if isinstance(path, Words) else plain_name(path)
     kind = schema.get("type")
     if kind == "object":
         if not isinstance(value, dict):
-            return "%s: must be an object" % path
+            return say("%s: must be an object", path)
         props = schema.get("properties", {})
         for key in value:
             if key not in props:
                 key = echoed_name(key, 64)
-                return "%s: unknown property" % key if path == "arguments" else "%s.%s: unknown property" % (path, key)
+                if path == "arguments":
+                    return say("%s: unknown property", key)
+                return say("%s.%s: unknown property", path, key)
         for key in schema.get("required", ()):
             if key not in value:
-                return "%s: is required" % key
+                return say("%s: is required", plain_name(key))
         for key, item in value.items():
-            problem = validate(props[key], item, key if path == "arguments" else "%s.%s" % (path, key))
+            problem = validate(props[key], item, key if path == "arguments" else say("%s.%s", path, plain_name(key)))
             if problem:
                 return problem
         return None
     if kind == "string":
         if not isinstance(value, str):
-            return "%s: must be a string" % path
+            return say("%s: must be a string", path)
         if "enum" in schema and value not in schema["enum"]:
-            return "%s: must be one of %s" % (path, ", ".join(schema["enum"]))
+            return say("%s: must be one of %s", path, plain_name(schema["enum"]))
         if len(value) < schema.get("minLength", 0):
-            return "%s: must be at least %d characters" % (path, schema["minLength"])
+            return say("%s: must be at least %d characters", path, schema["minLength"])
         if len(value) > schema.get("maxLength", len(value)):
-            return "%s: must be at most %d characters" % (path, schema["maxLength"])
+            return say("%s: must be at most %d characters", path, schema["maxLength"])
         if "pattern" in schema and not _pattern(schema["pattern"]).search(value):
-            return "%s: does not match the pattern %s" % (path, schema["pattern"])
+            return say("%s: does not match the pattern %s", path, local_line(schema["pattern"]))
         return None
     if kind == "integer":
         if isinstance(value, bool) or not isinstance(value, int):
             if _integral_float(value):
                 value = int(value)  # JSON has one number type: 10.0 is the integer 10
             else:
-                return "%s: must be an integer" % path
+                return say("%s: must be an integer", path)
         if value < schema.get("minimum", value):
-            return "%s: must be at least %d" % (path, schema["minimum"])
+            return say("%s: must be at least %d", path, schema["minimum"])
         if value > schema.get("maximum", value):
-            return "%s: must be at most %d" % (path, schema["maximum"])
+            return say("%s: must be at most %d", path, schema["maximum"])
         return None
     if kind == "boolean":
-        return None if isinstance(value, bool) else "%s: must be true or false" % path
+        return None if isinstance(value, bool) else say("%s: must be true or false", path)
     if kind == "array":
         if not isinstance(value, list):
-            return "%s: must be an array" % path
+            return say("%s: must be an array", path)
         if len(value) > schema.get("maxItems", len(value)):
-            return "%s: must have at most %d items" % (path, schema["maxItems"])
+            return say("%s: must have at most %d items", path, schema["maxItems"])
         for index, item in enumerate(value):
-            problem = validate(schema["items"], item, "%s[%d]" % (path, index))
+            problem = validate(schema["items"], item, say("%s[%d]", path, index))
             if problem:
                 return problem
         return None
@@ -2699,6 +2760,8 @@ class ToolContext:
         self.large = False  # set by a handler that held megabytes: the heap is trimmed afterwards
 
     def progress(self, message):
+        """A progress note: this file's Words (``say`` refuses anything else)."""
+        message = say("%s", message)
         if self.reporter is not None:
             self.reporter(message)
 
@@ -2786,7 +2849,7 @@ class Ticker:
     def _tick(self):
         started = time.monotonic()
         while not self.done.wait(PROGRESS_EVERY_S):
-            self.ctx.progress("%s: %d s so far" % (self.what, time.monotonic() - started))
+            self.ctx.progress(say("%s: %d s so far", self.what, time.monotonic() - started))
 
     def __exit__(self, *exc):
         self.done.set()
@@ -2884,7 +2947,7 @@ def tool_get_session_summary(ctx, args):
         rows = ctx.library()
         row = next((r for r in rows if r.get("id") == args["id"]), None)
         if row is None:
-            raise ToolError("not_found", "No session with that id in your library.")
+            raise ToolError("not_found", say("No session with that id in your library."))
         untrusted = rows_untrusted(rows, ctx.settings.base)(row)
         result = dict(library_row(row), sessions=row.get("sessions"), created_at=row.get("created_at"),
                       untrusted=untrusted)
@@ -2892,7 +2955,7 @@ def tool_get_session_summary(ctx, args):
     _, body = ctx.request("listing", {"id": args["id"], "t": args.get("tenant")})
     item = body.get("item") if isinstance(body, dict) else None
     if not isinstance(item, dict):
-        raise ToolError("not_found", "No marketplace listing with that id.")
+        raise ToolError("not_found", say("No marketplace listing with that id."))
     result = public_row(ctx.settings, item)
     members = [m for m in _list(item.get("members")) if isinstance(m, dict)][:20]
     depth, stats = item.get("sf_depth"), item.get("stats")
@@ -2914,7 +2977,8 @@ def tool_acquire_session(ctx, args):
     ctx.token()  # signed out: said before the rate limit counts the call
     wait = ctx.server.acquire_limit.take()
     if wait:
-        raise ToolError("rate_limited", "Too many acquire_session calls; try again in %d s." % wait, retry_after_s=wait)
+        raise ToolError("rate_limited", say("Too many acquire_session calls; try again in %d s.", wait),
+                        retry_after_s=wait)
     sid, tenant = args["id"], args.get("tenant") or None
     status, body = ctx.request("acquire", {"id": sid, "tenant": tenant, "version": args.get("version") or "latest"},
                                 ok=None)
@@ -2946,7 +3010,8 @@ def tool_acquire_session(ctx, args):
         result.update(listing_url=listing_url(ctx.settings, sid, owner), message=message)
         return json_result(result, True, "payment_required", hint_next=NEVER_BUYS)
     if status == 409 and code == "memory_only":
-        return framed_error("memory_only", "This listing is reading material only: there is no session to acquire.",
+        return framed_error("memory_only", say("This listing is reading material only: there is no session to "
+                                               "acquire."),
                             {"id": sid}, True, "not_a_session", status="not_a_session")
     raise api_failure(ctx.settings, status, body)
 
@@ -2959,7 +3024,7 @@ def tool_fetch_session_context(ctx, args):
     library = ctx.in_background(ctx.library)  # the provenance check overlaps the download
     _, bundle = ctx.request("fetch", {"cid": args["id"], "version": args.get("version")})
     ctx.large = bundle_size(bundle) > LARGE_CALL_BYTES
-    ctx.progress("fetched")
+    ctx.progress(say("fetched"))
     try:
         rows = library()
         row = next((r for r in rows if r.get("id") == args["id"]), None)
@@ -2972,7 +3037,7 @@ def tool_fetch_session_context(ctx, args):
     picked = pick_transcript(bundle)
     bundle = None  # the base64 text can go before the turns are built
     if picked is None:
-        raise ToolError("no_transcript", "That library entry has no session transcript to load.")
+        raise ToolError("no_transcript", say("That library entry has no session transcript to load."))
     kind, content = picked
     tools = args["include_tool_calls"]
     turns = canonical_turns(content, tools) if kind == "canonical" else claude_turns(content, tools)
@@ -3038,11 +3103,12 @@ def tool_publish_session(ctx, args):
     ctx.holding(len(data))
     cap = ctx.settings.max_publish_bytes
     if len(data) > cap:
-        raise ToolError("too_large", "The transcript is %d bytes; publish_session takes at most %d bytes. Save larger "
-                        "sessions with the a4sx CLI: `a4sx push <file>`." % (len(data), cap), size=len(data), cap=cap)
+        raise ToolError("too_large", say("The transcript is %d bytes; publish_session takes at most %d bytes. Save "
+                                         "larger sessions with the a4sx CLI: `a4sx push <file>`.", len(data), cap),
+                        size=len(data), cap=cap)
     if "content_sha256" in args and lazy("hashlib").sha256(data).hexdigest() != args["content_sha256"].lower():
-        raise ToolError("content_sha_mismatch", "content_sha256 does not match the SHA-256 of the transcript's UTF-8 "
-                        "bytes: it was changed or cut on the way. Nothing was sent.")
+        raise ToolError("content_sha_mismatch", say("content_sha256 does not match the SHA-256 of the transcript's "
+                                                    "UTF-8 bytes: it was changed or cut on the way. Nothing was sent."))
     result = publish_checked(ctx, [data], args)
     return json_result(result, result["untrusted"], "saved", hint_next=SAVED_NEXT)
 
@@ -3054,7 +3120,7 @@ def tool_publish_local_session(ctx, args):
     try:
         session, how = find_session(ctx.settings, args["session"], ctx.meta, ctx.cancel)
     except NoSession as err:
-        return framed_error("no_local_session", err.message + " Nothing was sent.",
+        return framed_error("no_local_session", say("%s Nothing was sent.", err.message),
                            {"sessions": [s.describe() for s in err.sessions]}, False, "no_local_session")
     held = [read_session(session, ctx.settings.max_local_bytes)]
     size = len(held[0])
@@ -3081,23 +3147,24 @@ def publish_checked(ctx, held, args, into=None, local=False):
     data = held.pop()
     problem = check_transcript(data)
     if problem:
-        raise ToolError("not_a_transcript", "Not a Claude Code or Codex CLI JSONL transcript: %s. Nothing was sent."
-                        % problem)
+        raise ToolError("not_a_transcript", say("Not a Claude Code or Codex CLI JSONL transcript: %s. Nothing was "
+                                                "sent.", problem))
     wait = ctx.server.publish_limit.take()
     if wait:
-        raise ToolError("rate_limited", "Too many publish calls; try again in %d s." % wait, retry_after_s=wait)
+        raise ToolError("rate_limited", say("Too many publish calls; try again in %d s.", wait), retry_after_s=wait)
     if ctx.cancel.is_set():
         raise Cancelled()
     framed = carries_other_authors_framing(data)
     try:
         lineage = read_lineage(transcript_session_id(data)) or {}  # from the bytes as written, not scrubbed
-        with Ticker(ctx, "scrubbing %s on this machine" % _size(len(data))):
+        with Ticker(ctx, say("scrubbing %s on this machine", _size(len(data)))):
             upload, report, texts = scrub_transcript(data, args.get("title"), args.get("label"), ctx.cancel)
         del data  # only the scrubbed bytes are needed from here on
     except SdkMissing:
-        raise ToolError("sdk_missing", "Saving a session needs the `%s` package (the a4sx SDK, %s) to scrub the "
-                        "transcript before it leaves this machine; install it with `pip install '%s%s'`. Nothing "
-                        "was sent." % (SDK_PACKAGE, SDK_RANGE, SDK_PACKAGE, SDK_RANGE))
+        raise ToolError("sdk_missing", say("Saving a session needs the `a4sx` package (the a4sx SDK, %s) to "
+                                           "scrub the transcript before it leaves this machine; install it with "
+                                           "`pip install 'a4sx%s'`. Nothing was sent.", local_line(SDK_RANGE),
+                                           local_line(SDK_RANGE)))
     if ctx.cancel.is_set():
         raise Cancelled()
     title, label = (texts.get(k, (None, {}))[0] for k in ("title", "label"))
@@ -3114,9 +3181,10 @@ def publish_checked(ctx, held, args, into=None, local=False):
     status, body = push_with_retries(ctx, upload, params, headers)
     collection = _str(body.get("collection"))
     if not collection:  # stored or not, the answer cannot say where: the same key finds out safely
-        raise ToolError("unreadable_answer", "The a4sx server accepted the upload but its answer could not be read. "
-                        "Call the tool again with the same arguments and idempotency_key %s: a stored upload is "
-                        "returned, not saved twice." % headers["Idempotency-Key"],
+        raise ToolError("unreadable_answer", say("The a4sx server accepted the upload but its answer could not be "
+                                                 "read. Call the tool again with the same arguments and "
+                                                 "idempotency_key %s: a stored upload is returned, not saved twice.",
+                                                 echoed_name(headers["Idempotency-Key"], 128)),
                         idempotency_key=headers["Idempotency-Key"], status=status)
     untrusted = publish_taint(ctx, lineage, framed, parent_row, collection, rows, body.get("deduped") is True)
     if untrusted:
@@ -3158,7 +3226,7 @@ def push_with_retries(ctx, upload, params, headers):
         if ctx.cancel.is_set():
             raise Cancelled()  # a safe point: the upload has not started
         try:
-            with Ticker(ctx, "uploading %s (attempt %d)" % (_size(len(upload)), attempt + 1)):
+            with Ticker(ctx, say("uploading %s (attempt %d)", _size(len(upload)), attempt + 1)):
                 status, body = ctx.send("push", params, data=upload, headers=headers,
                                         deadline_s=upload_timeout(len(upload), ctx.settings.upload_timeout_s))
             failure = None
@@ -3174,8 +3242,9 @@ def push_with_retries(ctx, upload, params, headers):
         if (status and status not in PUBLISH_RETRY_STATUSES) or attempt + 1 >= limit:
             break
         wait = retry_wait(attempt, details)
-        ctx.progress("%s; retrying in %d s" % ("the server is busy scrubbing" if busy else "no answer" if not status
-                                                 else "HTTP %d" % status, round(wait)))
+        why = (say("the server is busy scrubbing") if busy else say("no answer") if not status
+               else say("HTTP %d", status))
+        ctx.progress(say("%s; retrying in %d s", why, round(wait)))
         if ctx.cancel.wait(wait):
             raise Cancelled()
         attempt += 1
@@ -3380,7 +3449,7 @@ def list_resources(ctx, cursor, version):
     offset = 0
     if cursor is not None:
         if not (isinstance(cursor, str) and re.match(r"library:\d{1,6}\Z", cursor)):
-            raise FeatureError("invalid", "unknown cursor")
+            raise FeatureError("invalid", say("unknown cursor"))
         offset = int(cursor.split(":")[1])
     try:
         rows = ctx.server.library_cache.rows_for(ctx, fresh=cursor is None)
@@ -3399,8 +3468,8 @@ def read_resource(ctx, uri):
     get_session_summary returns as text, notice and envelope included."""
     target = uri_target(uri)
     if target is None:
-        raise FeatureError("not_found", "a4sx serves %s<id> and %s<id>"
-                           % (LIBRARY_URI, MARKETPLACE_URI), {"uri": echoed_name(uri, 300)})
+        raise FeatureError("not_found", say("a4sx serves %s<id> and %s<id>", local_line(LIBRARY_URI),
+                                            local_line(MARKETPLACE_URI)), {"uri": echoed_name(uri, 300)})
     kind, item_id = target
     if kind == "library":
         tool, args, mime = "fetch_session_context", {"id": item_id}, "text/markdown"
@@ -3416,17 +3485,17 @@ def read_resource(ctx, uri):
 def _prompt_args(name, arguments):
     prompt = PROMPTS_BY_NAME.get(name) if isinstance(name, str) else None
     if prompt is None:
-        raise FeatureError("invalid", "Unknown prompt: %s" % echoed_name(name))
+        raise FeatureError("invalid", say("Unknown prompt: %s", echoed_name(name)))
     arguments = {} if arguments is None else arguments
     if not isinstance(arguments, dict) or not all(isinstance(v, str) for v in arguments.values()):
-        raise FeatureError("invalid", "prompt arguments are an object of strings")
+        raise FeatureError("invalid", say("prompt arguments are an object of strings"))
     known = {arg["name"] for arg in prompt["arguments"]}
     for arg in prompt["arguments"]:
         if arg["required"] and not arguments.get(arg["name"], "").strip():
-            raise FeatureError("invalid", "%s needs the argument %s" % (name, arg["name"]))
+            raise FeatureError("invalid", say("%s needs the argument %s", plain_name(name), plain_name(arg["name"])))
     unknown = sorted(set(arguments) - known)
     if unknown:
-        raise FeatureError("invalid", "%s has no argument %s" % (name, echoed_name(unknown[0], 64)))
+        raise FeatureError("invalid", say("%s has no argument %s", plain_name(name), echoed_name(unknown[0], 64)))
     return {k: v.strip() for k, v in arguments.items() if v.strip()}
 
 
@@ -3445,7 +3514,7 @@ def get_prompt(ctx, name, arguments):
     if name == "load_session":
         budget = args.get("max_tokens", "8000")
         if not re.match(r"\d{1,6}\Z", budget):
-            raise FeatureError("invalid", "max_tokens must be a whole number from 500 to 100000")
+            raise FeatureError("invalid", say("max_tokens must be a whole number from 500 to 100000"))
         wanted = _checked("fetch_session_context", {"id": args["id"], "max_tokens": int(budget)})
         try:
             ctx.token()
@@ -3487,16 +3556,17 @@ def _enum_of(tool, prop):
 def complete(ctx, ref, argument):
     """Completion values for a prompt argument or a template variable, by prefix (at most 100)."""
     if not isinstance(ref, dict) or not isinstance(argument, dict) or not isinstance(argument.get("name"), str):
-        raise FeatureError("invalid", "completion/complete needs ref and argument {name, value}")
+        raise FeatureError("invalid", say("completion/complete needs ref and argument {name, value}"))
     name, value = argument["name"], argument.get("value", "")
     if not isinstance(value, str):
-        raise FeatureError("invalid", "argument.value must be a string")
+        raise FeatureError("invalid", say("argument.value must be a string"))
     if ref.get("type") == "ref/prompt":
         prompt = PROMPTS_BY_NAME.get(ref.get("name")) if isinstance(ref.get("name"), str) else None
         if prompt is None:
-            raise FeatureError("invalid", "Unknown prompt: %s" % echoed_name(ref.get("name")))
+            raise FeatureError("invalid", say("Unknown prompt: %s", echoed_name(ref.get("name"))))
         if name not in {arg["name"] for arg in prompt["arguments"]}:
-            raise FeatureError("invalid", "%s has no argument %s" % (prompt["name"], echoed_name(name, 64)))
+            raise FeatureError("invalid", say("%s has no argument %s", plain_name(prompt["name"]),
+                                              echoed_name(name, 64)))
         sources = {("load_session", "id"): ("id", "label"), ("save_session", "label"): ("label",)}
         enums = {"scope": ("search_sessions", "scope"), "sort": ("search_sessions", "sort"),
                  "harness": ("search_sessions", "harness")}
@@ -3509,10 +3579,10 @@ def complete(ctx, ref, argument):
     elif ref.get("type") == "ref/resource":
         template = ref.get("uri")
         if template not in [t["uriTemplate"] for t in RESOURCE_TEMPLATES]:
-            raise FeatureError("invalid", "unknown resource template")
+            raise FeatureError("invalid", say("unknown resource template"))
         candidates = library_values(ctx, ("id",)) if template.startswith(LIBRARY_URI) and name == "id" else []
     else:
-        raise FeatureError("invalid", "ref.type must be ref/prompt or ref/resource")
+        raise FeatureError("invalid", say("ref.type must be ref/prompt or ref/resource"))
     prefix = value.lower()
     hits = [c for c in candidates if c.lower().startswith(prefix)]
     return {"completion": {"values": hits[:MAX_COMPLETIONS], "total": len(hits),
@@ -3537,7 +3607,7 @@ def library_values(ctx, fields):
 
 
 # =============================================================================================
-# 9. The MCP dispatcher: every request answered once, in either era (claim 11)
+# 9. The MCP dispatcher: every request answered once, in either era (protocol, not a claim)
 # =============================================================================================
 
 MODERN_VERSIONS = ("2026-07-28",)
@@ -3581,13 +3651,6 @@ class RpcError(Exception):
     def __init__(self, code, message, data=None):
         super().__init__(message)
         self.code, self.message, self.data = code, message, data
-
-
-def rpc_error(msg_id, code, message, data=None):
-    error = {"code": code, "message": message}
-    if data is not None:
-        error["data"] = data
-    return {"jsonrpc": "2.0", "id": msg_id, "error": error}
 
 
 def _valid_id(value):
@@ -3702,7 +3765,7 @@ class Server:
         try:
             message = json.loads(line.decode("utf-8"))
         except (ValueError, RecursionError):
-            self.write(rpc_error(None, -32700, "Parse error: a line must hold one JSON-RPC message in UTF-8"))
+            self.write(rpc_error(None, -32700, say("Parse error: a line must hold one JSON-RPC message in UTF-8")))
             return
         if isinstance(message, list):
             self.handle_batch(message)
@@ -3717,10 +3780,10 @@ class Server:
     def handle_batch(self, batch):
         """JSON-RPC batches exist only in 2025-03-26: answered as one array there, refused elsewhere."""
         if self.legacy_version != "2025-03-26":
-            self.write(rpc_error(None, -32600, "Invalid Request: batches are only defined in MCP 2025-03-26"))
+            self.write(rpc_error(None, -32600, say("Invalid Request: batches are only defined in MCP 2025-03-26")))
             return
         if not batch:
-            self.write(rpc_error(None, -32600, "Invalid Request: empty batch"))
+            self.write(rpc_error(None, -32600, say("Invalid Request: empty batch")))
             return
         collector = BatchReply(self.write)
         try:
@@ -3728,7 +3791,7 @@ class Server:
                 if isinstance(message, dict) and message.get("method") == "initialize":
                     collector.expect()
                     collector.add(rpc_error(message.get("id") if _valid_id(message.get("id")) else None, -32600,
-                                            "Invalid Request: initialize must not be part of a batch"))
+                                            say("Invalid Request: initialize must not be part of a batch")))
                 else:
                     self.handle_message(message, collector.add, collector.expect)
         finally:  # what was answered goes out, whatever one message raised
@@ -3739,14 +3802,14 @@ class Server:
         notifications and responses from the client get no answer."""
         if not isinstance(message, dict):
             expect()
-            reply(rpc_error(None, -32600, "Invalid Request: a message must be a JSON object"))
+            reply(rpc_error(None, -32600, say("Invalid Request: a message must be a JSON object")))
             return
         if "method" not in message:
             if "id" in message and ("result" in message or "error" in message):
                 return  # a client's response: this server sends no requests, so there is nothing to match
             expect()
             reply(rpc_error(message.get("id") if _valid_id(message.get("id")) else None, -32600,
-                            "Invalid Request: no method"))
+                            say("Invalid Request: no method")))
             return
         if "id" not in message:
             self.handle_notification(message)
@@ -3754,11 +3817,12 @@ class Server:
         expect()
         msg_id = message["id"]
         if not _valid_id(msg_id):
-            reply(rpc_error(None, -32600, "Invalid Request: id must be a string or an integer"))
+            reply(rpc_error(None, -32600, say("Invalid Request: id must be a string or an integer")))
             return
         method, params = message.get("method"), message.get("params", {})
         if message.get("jsonrpc") != "2.0" or not isinstance(method, str) or not isinstance(params, dict):
-            reply(rpc_error(msg_id, -32600, "Invalid Request: needs jsonrpc \"2.0\", a string method and object params"))
+            reply(rpc_error(msg_id, -32600,
+                            say("Invalid Request: needs jsonrpc \"2.0\", a string method and object params")))
             return
         try:
             self.handle_request(msg_id, method, params, reply)
@@ -3766,7 +3830,7 @@ class Server:
             reply(rpc_error(msg_id, err.code, err.message, err.data))
         except Exception:  # noqa: BLE001 - one bad request never ends the process
             log("warning", "internal error in %s" % echoed_name(method, 40))
-            reply(rpc_error(msg_id, -32603, "Internal error"))
+            reply(rpc_error(msg_id, -32603, say("Internal error")))
         if not self.warmed:
             self.warm_up()
 
@@ -3808,25 +3872,25 @@ class Server:
         if method == "ping":
             return reply({"jsonrpc": "2.0", "id": msg_id, "result": {}})
         if method not in KNOWN_METHODS:
-            raise RpcError(-32601, "Method not found: %s" % echoed_name(method))
+            raise RpcError(-32601, say("Method not found: %s", echoed_name(method)))
         if self.legacy_version is None:
-            raise RpcError(-32602, "Missing required _meta: %s, %s (or send initialize first)"
-                           % (META_VERSION, META_CAPABILITIES))
+            raise RpcError(-32602, say("Missing required _meta: %s, %s (or send initialize first)",
+                                       plain_name(META_VERSION), plain_name(META_CAPABILITIES)))
         if method == "server/discover":
-            raise RpcError(-32602, "server/discover needs the 2026-07-28 _meta (%s)" % META_VERSION)
+            raise RpcError(-32602, say("server/discover needs the 2026-07-28 _meta (%s)", plain_name(META_VERSION)))
         self.dispatch(msg_id, method, params, self.legacy_version, reply)
 
     def handle_modern(self, msg_id, method, params, meta, reply):
         requested = meta.get(META_VERSION)
         if not isinstance(requested, str):
-            raise RpcError(-32602, "Invalid params: _meta %s must be a string" % META_VERSION)
+            raise RpcError(-32602, say("Invalid params: _meta %s must be a string", plain_name(META_VERSION)))
         if requested not in MODERN_VERSIONS:
-            raise RpcError(-32022, "Unsupported protocol version",
+            raise RpcError(-32022, say("Unsupported protocol version"),
                            {"supported": list(MODERN_VERSIONS), "requested": echoed_name(requested)})
         if not isinstance(meta.get(META_CAPABILITIES), dict):
-            raise RpcError(-32602, "Missing required _meta: %s" % META_CAPABILITIES)
+            raise RpcError(-32602, say("Missing required _meta: %s", plain_name(META_CAPABILITIES)))
         if method in REMOVED_IN_MODERN or method not in KNOWN_METHODS:
-            raise RpcError(-32601, "Method not found: %s" % echoed_name(method))
+            raise RpcError(-32601, say("Method not found: %s", echoed_name(method)))
 
         def modern_reply(response):
             if response is not None and "result" in response:
@@ -3846,22 +3910,22 @@ class Server:
         """tools/list and tools/call, the same for both eras once the version is known."""
         wait = self.request_limit.take()
         if wait:
-            raise RpcError(-32029, "Too many requests", {"retry_after_s": wait})
+            raise RpcError(-32029, say("Too many requests"), {"retry_after_s": wait})
         if method in FEATURE_METHODS:
             return self.serve_feature(msg_id, method, params, version, reply)
         if method == "tools/list":
             cursor = params.get("cursor")
             if cursor is not None:
-                raise RpcError(-32602, "Invalid params: unknown cursor (the tool list has one page)")
+                raise RpcError(-32602, say("Invalid params: unknown cursor (the tool list has one page)"))
             result = {"tools": tools_for(version)}
             if version in MODERN_VERSIONS:
                 result.update(ttlMs=TOOLS_TTL_MS, cacheScope="public")
             return reply({"jsonrpc": "2.0", "id": msg_id, "result": result})
         name = params.get("name")
         if not isinstance(name, str):
-            raise RpcError(-32602, "Invalid params: tools/call needs a tool name")
+            raise RpcError(-32602, say("Invalid params: tools/call needs a tool name"))
         if name not in TOOLS_BY_NAME:
-            raise RpcError(-32602, "Unknown tool: %s" % echoed_name(name))
+            raise RpcError(-32602, say("Unknown tool: %s", echoed_name(name)))
         self.start_call(msg_id, name, params, version, reply)
 
     # --- resources, prompts, completions --------------------------------------------------------
@@ -3872,7 +3936,7 @@ class Server:
         modern = version in MODERN_VERSIONS
         if method in ("prompts/list", "resources/templates/list"):
             if params.get("cursor") is not None:
-                raise RpcError(-32602, "Invalid params: unknown cursor (the list has one page)")
+                raise RpcError(-32602, say("Invalid params: unknown cursor (the list has one page)"))
             if method == "prompts/list":
                 result = {"prompts": [self._shown(p, version, arguments=[self._shown(a, version)
                                                                          for a in p["arguments"]])
@@ -3902,9 +3966,10 @@ class Server:
             if err.kind == "failed":
                 return rpc_error(msg_id, TOOL_FAILURE, err.message, err.data)
             missing = err.kind == "not_found" and method == "resources/read" and not modern
-            return rpc_error(msg_id, -32002 if missing else -32602,
-                             ("Resource not found: " if method == "resources/read" and err.kind == "not_found"
-                              else "Invalid params: ") + err.message, err.data)
+            if method == "resources/read" and err.kind == "not_found":
+                return rpc_error(msg_id, -32002 if missing else -32602, say("Resource not found: %s", err.message),
+                                 err.data)
+            return rpc_error(msg_id, -32602, say("Invalid params: %s", err.message), err.data)
 
         self.start_job(msg_id, work, reply, answer)
 
@@ -3938,7 +4003,7 @@ class Server:
                 response = None
             except BaseException as err:  # noqa: BLE001 - claim 11: never leak a traceback, never die
                 log("warning", "internal error in a request's worker (%s)" % type(err).__name__)
-                response = rpc_error(msg_id, -32603, "Internal error")
+                response = rpc_error(msg_id, -32603, say("Internal error"))
             with state.lock:
                 cancelled = state.cancel.is_set() or response is None
                 state.finished = True
@@ -3948,9 +4013,9 @@ class Server:
                     except Exception:  # noqa: BLE001 - claim 11: answered all the same
                         log("warning", "a response could not be sent")
                         try:
-                            reply(rpc_error(msg_id, -32603, "Internal error"))
+                            reply(rpc_error(msg_id, -32603, say("Internal error")))
                         except Exception:  # noqa: BLE001 - (a reply that cannot send even that)
-                            self.write(rpc_error(msg_id, -32603, "Internal error"))
+                            self.write(rpc_error(msg_id, -32603, say("Internal error")))
             if cancelled:
                 reply(None)
             with self.inflight_lock:
@@ -3962,7 +4027,7 @@ class Server:
         if not self.pool.submit(run):
             with self.inflight_lock:
                 self.inflight.pop(key, None)
-            raise RpcError(-32603, "Server busy: too many requests in flight")
+            raise RpcError(-32603, say("Server busy: too many requests in flight"))
 
     # --- tool calls -------------------------------------------------------------------------
 
@@ -3998,7 +4063,7 @@ class Server:
             args = {} if arguments is None else arguments
             problem = validate(TOOLS_BY_NAME[name]["inputSchema"], args, "arguments")
             if problem:
-                raise ToolError("invalid_arguments", "%s. Nothing was sent." % problem)
+                raise ToolError("invalid_arguments", say("%s. Nothing was sent.", problem))
             result = HANDLERS[name](ctx, with_defaults(TOOLS_BY_NAME[name]["inputSchema"], args))
         except Cancelled:
             result = None
@@ -4006,7 +4071,7 @@ class Server:
             result = error_result(err)
         except Exception as err:  # noqa: BLE001 - never leak a traceback, never die
             log("warning", "tool=%s internal error (%s)" % (name, type(err).__name__))
-            result = error_result(ToolError("internal_error", "internal error"))
+            result = error_result(ToolError("internal_error", say("internal error")))
         if ctx.large:
             release_memory()
         if result is None or ctx.cancel.is_set():
@@ -4056,7 +4121,7 @@ class Writer:
             data = json.dumps(message, separators=(",", ":"), allow_nan=False).encode("ascii") + b"\n"
         except (TypeError, ValueError, RecursionError):
             msg_id = message.get("id") if isinstance(message, dict) else None
-            data = json.dumps(rpc_error(msg_id, -32603, "Internal error")).encode("ascii") + b"\n"
+            data = json.dumps(rpc_error(msg_id, -32603, say("Internal error"))).encode("ascii") + b"\n"
         with self.lock:
             try:
                 self.stream.write(data)
@@ -4092,7 +4157,7 @@ def serve(settings):
     for line, oversized in read_lines(sys.stdin.buffer, MAX_LINE_BYTES):
         if oversized is not None:
             writer(rpc_error(oversized_id(oversized), -32600,
-                             "Invalid Request: message larger than %d bytes" % MAX_LINE_BYTES))
+                             say("Invalid Request: message larger than %d bytes", MAX_LINE_BYTES)))
             continue
         if line.strip():
             try:
