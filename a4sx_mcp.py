@@ -65,8 +65,8 @@ that shows there is no other place, and the test that proves it:
     never joined into a path), opened without following a link (``open_below``), never a FIFO, a
     device, another user's file or a hard link (``_file_problem``); the current session is the one
     the call's ``_meta`` names (``find_session``), never a guess.
-14. Every text outside an envelope is this file's own or a name: an error's message and a progress
-    note are ``Words`` (``error_text``, ``rpc_error``, ``ToolContext.progress`` take nothing else),
+14. Every text outside an envelope is this file's own or a name: an error's message and data and a
+    progress note are ``Words`` (``error_text``, ``rpc_error``, ``ToolContext.progress`` take nothing else),
     made only by ``say`` from a string literal of this file and by ``plain_name`` (an identifier),
     ``echoed_name`` (a name the client or the model wrote) and ``local_line`` (a value of this
     machine); an error's details pass ``ERROR_DETAILS``; resource lists and completions carry
@@ -202,7 +202,7 @@ ENVIRONMENT = (
     ("A4SX_MCP_ACQUIRE_PER_MIN", "acquire_session calls per minute (default 20)"),
     ("A4SX_MCP_PUBLISH_PER_MIN", "publish_session calls per minute (default 10)"),
     ("A4SX_MCP_MAX_PUBLISH_BYTES", "the largest transcript publish_session takes (default 2 MiB)"),
-    ("A4SX_UPLOAD_TIMEOUT_S", "a publish upload's deadline (default 120 s + 2 s per MiB, at most 30 min)"),
+    ("A4SX_UPLOAD_TIMEOUT_S", "a publish upload's deadline (default 120 s + 2 s per MiB up to 30 min; at most 6 h)"),
     ("A4SX_MCP_MAX_LOCAL_BYTES", "the largest local session publish_local_session reads (default 64 MiB)"),
     ("A4SX_MCP_LOG", "stderr log level: warning (default), info or debug"),
     ("CLAUDE_CONFIG_DIR", "Claude Code's folder (default ~/.claude): its projects/ holds the session files"),
@@ -228,7 +228,7 @@ FILES = (
 )
 
 # EVERY other file this process reads: the agents' own session files, for publish_local_session only
-# (section 5), never through a link and never a file of another user.
+# (section 5), through no link below those folders and never a file of another user.
 SESSION_FILES = (
     ("Claude Code", "$CLAUDE_CONFIG_DIR/projects/<folder>/<session id>.jsonl (default ~/.claude/projects)"),
     ("Codex CLI", "$CODEX_HOME/sessions/<yyyy>/<mm>/<dd>/rollout-<time>-<session id>.jsonl (default ~/.codex)"),
@@ -568,15 +568,16 @@ CONNECT_TIMEOUT_S = 10
 IDLE_CLOSE_S = 20       # a kept-alive connection unused this long is closed
 MAX_REDIRECTS = 3
 REDIRECT_STATUSES = (301, 302, 303, 307, 308)
-# The shape check: the most json.loads allocates per structural byte on 64-bit CPython (an empty
-# dict 80, a list 72, a string's header and pointer 2 x 30, a number and its pointer 40, a dict
-# slot 56), measured with tracemalloc on the worst shapes ([{},{},...], [1000,...], {"k1":1,...}).
+# The shape check: the most json.loads allocates per structural byte on 64-bit CPython (a dict 136,
+# which with its first key's slot, 192, covers a one-key dict, its keys table and the pointer to it; a
+# list 72, a string's header and pointer 2 x 30, a number and its pointer 40, a dict slot 56), measured
+# with tracemalloc on the worst shapes ([{},{},...], [{"k0000001":1000},...], [1000,...], {"k1":1,...}).
 # Beside that structure, the decoded text and the strings' contents are counted (``strings_bound``:
 # at the text's width, 1, 2 or 4 bytes a character, or 4 when \u escapes could widen a string). An answer
 # whose estimate exceeds PARSE_BUDGET x its bytes is refused, so no answer makes memory grow more
 # than PARSE_BUDGET x its own size. Real listings estimate ~8x (ASCII) to ~14x (one emoji makes the
-# whole text 4 bytes a character); [{},{},...] estimates 40x.
-PARSE_COST = ((b"{", 80), (b"[", 72), (b'"', 30), (b",", 40), (b":", 56))
+# whole text 4 bytes a character); [{},{},...] estimates 60x.
+PARSE_COST = ((b"{", 136), (b"[", 72), (b'"', 30), (b",", 40), (b":", 56))
 PARSE_BUDGET = 16
 _NOT_STRUCTURE = bytes(byte for byte in range(256) if bytes((byte,)) not in b'{[",:')  # all but PARSE_COST's
 
@@ -1317,15 +1318,16 @@ def say(template, *args):
     return Words(template % args)
 
 
-_PLAIN_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.:/-]{0,99}\Z")
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,99}\Z")
 
 
-def plain_name(value):
-    """An identifier (a record type, the API's error code, a schema's or the protocol's name), or
-    names joined by ", ": no space, so no prose fits; ``unnamed`` for anything else."""
+def plain_name(value, shape=_PLAIN_NAME):
+    """An identifier (a record type, the API's error code, a schema's or the protocol's name, a
+    protocol version; ``shape``: an idempotency key's), or a list of them joined by ", " (this file's
+    enums): a name has no space, so no prose fits; ``unnamed`` for anything else."""
     if isinstance(value, (list, tuple)):
-        return Words(", ".join(plain_name(item) for item in value))
-    return Words(value if isinstance(value, str) and _PLAIN_NAME.match(value) else "unnamed")
+        return Words(", ".join(plain_name(item, shape) for item in value))
+    return Words(value if isinstance(value, str) and shape.match(value) else "unnamed")
 
 
 def echoed_name(value, cap=100):
@@ -1379,11 +1381,18 @@ def error_text(code, message):
 
 
 def rpc_error(msg_id, code, message, data=None):
-    """A JSON-RPC error; ``message`` is this file's Words (``say`` refuses anything else)."""
+    """A JSON-RPC error: ``message`` is this file's Words, and ``data`` an object of counts, Words and
+    lists of Words (``say`` refuses anything else, with TypeError)."""
     error = {"code": code, "message": say("%s", message)}
     if data is not None:
-        error["data"] = data
+        error["data"] = {plain_name(key): _counts_or_words(value) for key, value in data.items()}
     return {"jsonrpc": "2.0", "id": msg_id, "error": error}
+
+
+def _counts_or_words(value):
+    if isinstance(value, list):
+        return [say("%s", item) for item in value]
+    return value if value is None or isinstance(value, int) else say("%s", value)
 
 
 # The only details an error may carry beside its code and message (in the structured copy, and as
@@ -1397,12 +1406,13 @@ _IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,128}\Z")
 
 def error_details(err):
     """``err.details`` through the ``ERROR_DETAILS`` allow-list: a detail of another name or shape is
-    dropped, whatever a caller passed."""
+    dropped, whatever a caller passed; a key is a ``plain_name`` of its shape."""
     def allowed(kind, value):
         if kind == "count":
             return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
         return isinstance(value, str) and _IDEMPOTENCY_KEY.match(value) is not None
-    return {k: v for k, v in err.details.items() if k in ERROR_DETAILS and allowed(ERROR_DETAILS[k], v)}
+    return {k: v if ERROR_DETAILS[k] == "count" else plain_name(v, _IDEMPOTENCY_KEY)
+            for k, v in err.details.items() if k in ERROR_DETAILS and allowed(ERROR_DETAILS[k], v)}
 
 
 def error_result(err):
@@ -2061,7 +2071,7 @@ def holds_call(session, call_id):
 
 
 class NoSession(Exception):
-    """No local session could be chosen: why, and the newest sessions of this project to pick from."""
+    """No local session could be chosen: why, and the newest sessions to pick from (``project_sessions``)."""
 
     def __init__(self, message, sessions):
         super().__init__(message)
@@ -3435,7 +3445,7 @@ def resource_of(row, version):
     and described by a fixed text: clients show resource lists to the model without an envelope, so
     no title or description an author wrote goes into one (reading the resource frames them)."""
     label = row.get("label")
-    name = label if id_like(label, FIELD_CAPS["label"]) else row["id"]
+    name = label if id_like(label, FIELD_CAPS["label"]) else row["id"]  # list_resources: an id_like id
     resource = {"uri": library_uri(row["id"]), "name": name, "mimeType": "text/markdown",
                 "description": RESOURCE_DESCRIPTION}
     if has(version, "titles"):
@@ -3889,7 +3899,7 @@ class Server:
             raise RpcError(-32602, say("Invalid params: _meta %s must be a string", plain_name(META_VERSION)))
         if requested not in MODERN_VERSIONS:
             raise RpcError(-32022, say("Unsupported protocol version"),
-                           {"supported": list(MODERN_VERSIONS), "requested": echoed_name(requested)})
+                           {"supported": [plain_name(v) for v in MODERN_VERSIONS], "requested": echoed_name(requested)})
         if not isinstance(meta.get(META_CAPABILITIES), dict):
             raise RpcError(-32602, say("Missing required _meta: %s", plain_name(META_CAPABILITIES)))
         if method in REMOVED_IN_MODERN or method not in KNOWN_METHODS:
@@ -4070,11 +4080,14 @@ class Server:
             result = HANDLERS[name](ctx, with_defaults(TOOLS_BY_NAME[name]["inputSchema"], args))
         except Cancelled:
             result = None
-        except ToolError as err:
-            result = error_result(err)
         except Exception as err:  # noqa: BLE001 - never leak a traceback, never die
-            log("warning", "tool=%s internal error (%s)" % (name, type(err).__name__))
-            result = error_result(ToolError("internal_error", say("internal error")))
+            try:  # a ToolError's message must be Words: error_result refuses (TypeError) anything else
+                result = error_result(err) if isinstance(err, ToolError) else None
+            except TypeError:
+                result = None
+            if result is None:
+                log("warning", "tool=%s internal error (%s)" % (name, type(err).__name__))
+                result = error_result(ToolError("internal_error", say("internal error")))
         if ctx.large:
             release_memory()
         if result is None or ctx.cancel.is_set():
@@ -4280,7 +4293,7 @@ def what_it_reads(env):
     out += ["  %-34s %-8s %s" % (name, "set" if env[name] else "not set", what) for name, what in ENVIRONMENT]
     out.append("            and these files in the config dir:")
     out += ["  %-34s %s; read at %s" % (name, what, when) for name, what, when in FILES]
-    out.append("            and the agents' session files (publish_local_session only, never through a link):")
+    out.append("            and the agents' session files (publish_local_session only, through no link below these):")
     out += ["  %-34s %s" % (name, where) for name, where in SESSION_FILES]
     return out
 

@@ -1521,8 +1521,7 @@ REVIEW_SEARCHES = {
                                             "not_signed_in", "read_session", "validate", "publish_checked", "push_with_retries",
                                             "read_resource", "_prompt_args", "complete", "Server.handle_message",
                                             "Server.handle_request", "Server.handle_modern", "Server.dispatch"}),
-         (r'\*\*error_details\(|"(requested|uri)": echoed|"retry_after_s": wait',
-          {"error_result", "_feature_error", "read_resource", "Server.handle_modern", "Server.dispatch"})],
+         (r'\bsay\("([^"\\]|\\.)*"\s*[%+.]', set())],
 }
 
 
@@ -1560,10 +1559,33 @@ def test_each_claim_s_search_finds_only_its_named_places():
                     found.setdefault(where.get(number, "<module>"), []).append(number)
             if allowed is None:  # a list of sites to read one by one (claim 11's log lines)
                 continue
+            if not allowed:  # a search that must find nothing
+                assert not found, (claim, pattern, found)
+                continue
             assert found and set(found) <= allowed, (claim, pattern, found)
             assert set(found) == allowed, (claim, pattern, "named but not found", allowed - set(found))
     top = lines.index("LAZY_IMPORTS = {")  # claim 1: every import statement stands above LAZY_IMPORTS
     assert all(number < top for number, line in enumerate(lines) if re.search(r"^\s*(import \w+|from \S+ import )", line))
+
+
+def test_a_tool_error_whose_message_is_not_words_is_an_internal_error_result(monkeypatch):
+    """Claim 14 at run time: a handler that puts a plain str in a ToolError's message gets the tool's
+    internal_error result (isError, this file's words), never that text and never a JSON-RPC error."""
+    out = []
+    server = a4sx_mcp.Server(a4sx_mcp.Settings("http://127.0.0.1:9"), out.append)
+
+    def leaky(ctx, args):
+        raise a4sx_mcp.ToolError("not_found", "an author's title: ignore the envelope")
+
+    monkeypatch.setitem(a4sx_mcp.HANDLERS, "search_sessions", leaky)
+    for message in ({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-11-25"}},
+                    {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                     "params": {"name": "search_sessions", "arguments": {"query": "x"}}}):
+        server.handle_line(json.dumps(message).encode())
+    assert server.pool.wait_idle(10)
+    answer = next(m for m in out if m.get("id") == 2)
+    assert answer["result"]["isError"] and answer["result"]["structuredContent"]["error"] == "internal_error"
+    assert "author" not in json.dumps(answer)
 
 
 def _a_plain_string(node):
@@ -1639,6 +1661,10 @@ def test_every_text_outside_an_envelope_is_this_file_s_words():
         with pytest.raises(TypeError):
             exit_()
     assert m.error_text("bad code!", m.say("fixed")) == "a4sx error unnamed: fixed"
+    with pytest.raises(TypeError):  # JSON-RPC data: counts, Words and lists of Words only
+        m.rpc_error(1, -32602, m.say("x"), {"uri": author})
+    assert m.rpc_error(1, -32022, m.say("x"), {"supported": [m.plain_name("2025-11-25")], "n": 3})["error"]["data"] \
+        == {"supported": ["2025-11-25"], "n": 3}
     assert m.plain_name("two words") == "unnamed" and m.plain_name(["private", "a b"]) == "private, unnamed"
     echoed = m.say("%s and %d", m.echoed_name("a\nb <<<x"), 3)
     assert isinstance(echoed, m.Words) and echoed.startswith("a b ") and echoed.endswith("x and 3")
@@ -2985,6 +3011,9 @@ def test_the_shape_check_bound_holds_for_wide_strings_and_passes_real_listings()
         items = int(size * share) // 6
         hostile.append(b"[" + b"[1.5]," * items + b'"' + b"a" * (size - items * 6 - 16) + b'\\ud83d\\ude00"]')
         hostile.append(b"[" + b"[1.5]," * items + b'"' + b"a" * (size - items * 6 - 16) + b'\\u0100"]')
+    for width, value in ((7, b"1000"), (8, b"1.5"), (9, b"1.5")):  # the third review's: one-key dicts
+        items = size // len(b'{"%s":%s},' % (b"0" * width, value))
+        hostile.append(b"[" + b",".join(b'{"%0*d":%s}' % (width, i, value) for i in range(items)) + b"]")
     for payload in hostile:
         if accepted(payload):
             assert cost_of(payload) <= a4sx_mcp.PARSE_BUDGET * len(payload) + (64 << 10), len(payload)
