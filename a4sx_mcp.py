@@ -62,14 +62,15 @@ that shows there is no other place, and the test that proves it:
     once is the dispatcher's protocol correctness, tested, not a claim.)
 12. ``--version`` prints the running file's SHA-256 (``file_digest_line``): hash a copy yourself too.
 13. A session file is read only inside the agents' session folders, found by listing them (an id is
-    never joined into a path), opened without following a link (``open_below``), never a FIFO, a
-    device, another user's file or a hard link (``_file_problem``); the current session is the one
-    the call's ``_meta`` names (``find_session``), never a guess.
+    never joined into a path), opened without following a link (``open_below``) and without waiting,
+    then read only when it is not a FIFO, a device, another user's file or a hard link
+    (``_file_problem``); the current session is the one the call's ``_meta`` names (``find_session``),
+    never a guess.
 14. Every text outside an envelope is this file's own or a name: an error's message and data and a
-    progress note are ``Words`` (``error_text``, ``rpc_error``, ``ToolContext.progress`` take nothing else),
-    made only by ``say`` from a string literal of this file and by ``plain_name`` (an identifier),
-    ``echoed_name`` (a name the client or the model wrote) and ``local_line`` (a value of this
-    machine); an error's details pass ``ERROR_DETAILS``; resource lists and completions carry
+    progress note are ``Words`` (``error_text``, ``rpc_error``, ``ToolContext.progress`` take nothing
+    else), made only by ``say`` from a string literal of this file and by ``plain_name`` (an
+    identifier), ``echoed_name`` (a name the client or the model wrote) and ``local_line`` (a value of
+    this machine); an error's details pass ``ERROR_DETAILS``; resource lists and completions carry
     identifier-shaped names (``resource_of``, ``library_values``); prompt texts carry the user's own
     arguments.
 
@@ -673,7 +674,7 @@ class Api:
         sent = {"User-Agent": USER_AGENT, "Accept": "application/json"}
         if data is not None:
             sent["Content-Type"] = "application/octet-stream"
-        if any(key.lower() in ("authorization", "host") for key in headers or {}):
+        if any(str(key).strip().lower() in ("authorization", "host") for key in headers or {}):
             raise ValueError("Api.send sets Authorization and Host itself")
         sent.update(headers or {})
         safe = route.retry == "yes" or (route.retry == "keyed" and "Idempotency-Key" in sent)
@@ -1116,8 +1117,11 @@ def _one_line_whole(text):
     return _LEADING_HASH.sub("\\1\\\\#", _defuse(_WHITESPACE.sub(" ", text).strip()))
 
 
+NONCE_BYTES = 8  # a nonce is 16 hex digits; the taint rule finds the framing by that shape (_FRAMED_BEGIN)
+
+
 def new_nonce():
-    return os.urandom(8).hex()
+    return os.urandom(NONCE_BYTES).hex()
 
 
 # What the notice says about the text that is not between the markers: the hint line after a JSON
@@ -1601,7 +1605,7 @@ def publish_taint(ctx, lineage, framed, parent_row, collection, rows, deduped):
 # This server's envelope for another author's content, as a harness records it in a tool result:
 # its marker with a nonce, whatever stands before it (<<<, the look-alikes it becomes once neutralised
 # inside another envelope, or an escape of either), and the CAUTION notice.
-_FRAMED_BEGIN = re.compile("%s nonce=[0-9a-f]{16}" % BEGIN_MARK)
+_FRAMED_BEGIN = re.compile("%s nonce=[0-9a-f]{%d}" % (BEGIN_MARK, 2 * NONCE_BYTES))
 _FRAMED_BEGIN_UTF8 = re.compile(_FRAMED_BEGIN.pattern.encode("utf-8"))  # the same, on UTF-8 bytes
 
 

@@ -1484,7 +1484,8 @@ def _wire_call_seconds(srv, tool):
 # one by one, which its own test checks (claim 14's errors).
 REVIEW_SEARCHES = {
     1: [(r"^\s*(import \w+|from \S+ import )|import_module", {"<module>", "lazy"}),
-        (r"__import__|\bexec\(|\beval\(|CDLL|chdir|meta_path|pickle|exec_module|runpy|find_spec|;\s*(import|from) ",
+        (r"__import__|\bexec\(|\beval\(|CDLL|chdir|meta_path|pickle|exec_module|runpy|find_spec|;\s*(import|from) |"
+         r":\s*(import \w+|from \S+ import )",
          {"_glibc", "sdk_available"})],
     2: [(r"os\.environ\b|getenv", {"environment", "ScrubWorker._start"}),
         (r"\bopen\(|fdopen\(|scandir|listdir", {"_read_json", "read_private", "_entries", "open_below", "_opened",
@@ -1507,8 +1508,9 @@ REVIEW_SEARCHES = {
     8: [(r"untrusted = |mark_untrusted\(", {"publish_checked", "mark_untrusted", "tool_search_sessions",
                                             "tool_get_session_summary", "tool_fetch_session_context"})],
     9: [(r'lazy\("subprocess"\)|write_private|fchmod|os\.(system|popen|fork|exec\w*|spawn\w*|replace|rename|remove|'
-         r'unlink|mkdir|makedirs|truncate|chmod)\b|O_CREAT|O_WRONLY|O_RDWR',
-         {"ScrubWorker._start", "mark_untrusted", "record_saved", "read_private"})],
+         r'unlink|mkdir|makedirs|truncate|chmod|chown|symlink|link|utime)\b|O_CREAT|O_WRONLY|O_RDWR|shutil|tempfile|'
+         r'write_text|write_bytes|libc\.',
+         {"ScrubWorker._start", "mark_untrusted", "record_saved", "read_private", "_glibc", "release_memory"})],
     10: [(r'Route\("', {"<module>"})],
     11: [(r"sys\.stdout|print\(|os\.write\(", {"scrub_worker_main", "serve", "run_check", "main"}),
          (r"os\._exit|sys\.exit\(|signal\.signal", {"_exit_on_sigterm", "<module>"}),
@@ -1597,6 +1599,22 @@ def _a_plain_string(node):
     if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mod, ast.Add)):
         return _a_plain_string(node.left) or _a_plain_string(node.right)
     return isinstance(node, ast.JoinedStr) or (isinstance(node, ast.Constant) and isinstance(node.value, str))
+
+
+def test_each_claim_s_print_line_names_its_places_and_its_size():
+    """SECURITY.md's ``show`` snippet, run by bash as a reviewer pastes it: each claim's "Print" line
+    names places that exist (``show`` says which it cannot find) and prints about the number of lines it states."""
+    with open(os.path.join(HERE, "SECURITY.md"), encoding="utf-8") as f:
+        security = f.read()
+    snippet = re.search(r"```sh\n(show\(\) \{.*?\n\})\n```", security, re.S).group(1)
+    prints = re.findall(r"^- Print \((\d+) lines\): `show ([^`]+)`$", security, re.M)
+    assert len(prints) == 14  # one per claim
+    for stated, names in prints:
+        done = subprocess.run(["bash", "-c", snippet + "\nshow " + names], cwd=HERE, capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 0 and not done.stderr, (names, done.stderr)
+        printed = len(re.findall(r"^ *\d+  ", done.stdout, re.M))
+        assert abs(printed - int(stated)) <= max(5, int(stated) // 10), (names, stated, printed)
 
 
 def test_every_text_outside_an_envelope_is_this_file_s_words():
@@ -2313,6 +2331,19 @@ def test_check_names_where_the_token_was_found(stub, env):
     os.chmod(env["cfg"] / "session", 0o600)
     done = run_check(stub.base)
     assert "sign-in:    found for this server (session file)" in done.stdout, done.stdout
+
+
+def test_api_send_refuses_a_caller_s_authorization_or_host_header(stub):
+    """Claim 4: ``Api.send`` sets Authorization and Host itself; a caller's, in any spelling http.client
+    would send, is refused before anything goes out."""
+    api = a4sx_mcp.Api(a4sx_mcp.Settings(stub.base))
+    try:
+        for name in ("Authorization", "authorization", "Authorization ", " HOST", "Host"):
+            with pytest.raises(ValueError):
+                api.send("health", headers={name: "x"})
+        assert stub.requests() == []
+    finally:
+        api.close()
 
 
 def test_redirect_target_is_the_bare_route_path_or_none(stub):
