@@ -1306,9 +1306,9 @@ def _frame(clean, rows, dropped, offset, untrusted, hint_next, scale):
 
 
 class Words(str):
-    """Text the model may read outside an envelope: an error's message, a progress note. Made only
-    by the four functions below; ``error_text``, ``rpc_error`` and ``ToolContext.progress`` take
-    nothing else (``say`` raises TypeError), and a str operation on Words gives a plain str."""
+    """Text the model may read outside an envelope: an error's message and data, a progress note.
+    Made only by the four functions below; ``error_text``, ``rpc_error`` and ``ToolContext.progress``
+    take nothing else (``say`` raises TypeError), and a str operation on Words gives a plain str."""
 
     __slots__ = ()
 
@@ -1328,7 +1328,8 @@ _PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,99}\Z")
 def plain_name(value, shape=_PLAIN_NAME):
     """An identifier (a record type, the API's error code, a schema's or the protocol's name, a
     protocol version; ``shape``: an idempotency key's), or a list of them joined by ", " (this file's
-    enums): a name has no space, so no prose fits; ``unnamed`` for anything else."""
+    enums): a name has no space, so it is at most a run of words, never a sentence; ``unnamed`` for
+    anything else."""
     if isinstance(value, (list, tuple)):
         return Words(", ".join(plain_name(item, shape) for item in value))
     return Words(value if isinstance(value, str) and shape.match(value) else "unnamed")
