@@ -1412,16 +1412,23 @@ _IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,128}\Z")
 def error_details(err):
     """``err.details`` through the ``ERROR_DETAILS`` allow-list: a detail of another name or shape is
     dropped, whatever a caller passed; a key is a ``plain_name`` of its shape."""
-    def allowed(kind, value):
-        if kind == "count":
-            return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
-        return isinstance(value, str) and _IDEMPOTENCY_KEY.match(value) is not None
-    return {k: v if ERROR_DETAILS[k] == "count" else plain_name(v, _IDEMPOTENCY_KEY)
-            for k, v in err.details.items() if k in ERROR_DETAILS and allowed(ERROR_DETAILS[k], v)}
+    out = {}
+    for key, value in err.details.items():
+        kind = ERROR_DETAILS.get(key)
+        if kind == "count" and (value is None or (isinstance(value, int) and not isinstance(value, bool)
+                                                  and value >= 0)):
+            out[key] = value
+        elif kind == "key" and isinstance(value, str) and _IDEMPOTENCY_KEY.match(value):
+            out[key] = plain_name(value, _IDEMPOTENCY_KEY)
+    return out
 
 
 def error_result(err):
-    """An error's code, this file's fixed message and its allowed details (``error_details``)."""
+    """An error's code, this file's fixed message and its allowed details (``error_details``). A
+    message that is not Words is a defect: the result is ``internal_error``, never that text."""
+    if not isinstance(err.message, Words):
+        log("warning", "an error message that is not this file's words was withheld (%s)" % err.code)
+        err = ToolError("internal_error", say("internal error"))
     structured = dict({"error": err.code, "message": err.message}, **error_details(err))
     return Result(error_text(err.code, err.message), structured, True, err.code)
 
@@ -4085,14 +4092,11 @@ class Server:
             result = HANDLERS[name](ctx, with_defaults(TOOLS_BY_NAME[name]["inputSchema"], args))
         except Cancelled:
             result = None
+        except ToolError as err:
+            result = error_result(err)
         except Exception as err:  # noqa: BLE001 - never leak a traceback, never die
-            try:  # a ToolError's message must be Words: error_result refuses (TypeError) anything else
-                result = error_result(err) if isinstance(err, ToolError) else None
-            except TypeError:
-                result = None
-            if result is None:
-                log("warning", "tool=%s internal error (%s)" % (name, type(err).__name__))
-                result = error_result(ToolError("internal_error", say("internal error")))
+            log("warning", "tool=%s internal error (%s)" % (name, type(err).__name__))
+            result = error_result(ToolError("internal_error", say("internal error")))
         if ctx.large:
             release_memory()
         if result is None or ctx.cancel.is_set():
