@@ -13,13 +13,13 @@ performance code; each section's banner names the claims below that it carries:
 
 0. imports                         (claim 1: the standard library at start; later only ``LAZY_IMPORTS``)
 1. settings and the token          (claims 2, 3: ``ENVIRONMENT``, ``FILES``, ``Settings.find_token``)
-2. the HTTP client                 (claims 4, 5: the ``ROUTES`` table, ``Api.send``)
-3. framing and tool results        (claims 6, 14: the nonce envelope; the only builders of a result)
-4. transcripts and the taint rule  (claims 7, 8: ``check_transcript``, ``publish_taint``; the renderer)
-5. local session files             (claim 13: the agents' own transcripts, found and read safely)
+2. the HTTP client                 (claims 4, 5, 16: the ``ROUTES`` table, ``Api.send``)
+3. framing and tool results        (claims 6, 14: the nonce envelope; the only builders of a result and a list)
+4. transcripts and the taint rule  (claims 7, 8, 16: ``check_transcript``, ``publish_taint``; the renderer)
+5. local session files             (claims 13, 15: the agents' own transcripts, found and read safely)
 6. the a4sx SDK bridge             (claims 7, 9: the scrub worker, the SDK's records, lazily)
-7. tools                           (claims 7, 10: schemas, validation, handlers, ``publish_checked``)
-8. resources, prompts, completions (claim 14: the same handlers, picked by the user; names only)
+7. tools                           (claims 7, 10, 15: schemas, validation, handlers, ``publish_checked``)
+8. resources, prompts, completions (claim 14: the same handlers, picked by the user; prompt texts)
 9. the MCP dispatcher              (both eras, every request answered once: tested, not a claim)
 10. the stdio loop and ``main``    (claims 11, 12: ``Writer``, ``serve``, ``--check``, ``--version``)
 11. compatibility                  (what each handshake revision shows: ``has``, ``tools_for``)
@@ -39,14 +39,12 @@ that shows there is no other place, and the test that proves it:
    that hold it or choose the server are trusted like ssh's (``read_private``, ``_read_config``).
 4. Everything sent to the network is a route of ``ROUTES``, sent by ``Api.send`` to the configured
    server: the token only on token routes, never on a redirect, never in clear text (``normalize_base``).
-5. Every request has a deadline and an answer cap; an answer, and each record of a fetched session
-   parsed from it, grows memory by at most ``PARSE_BUDGET`` times its size plus 64 KiB while it is
-   parsed (``_parse``, ``parse_within_budget``; CPython 3.11's costs). A DNS lookup that hangs is not
-   bounded.
+5. Every request has a deadline and an answer cap (``ROUTES``; ``Api._exchange``, ``_read_body``).
+   A DNS lookup that hangs is not bounded.
 6. Everything an author or the API wrote reaches the model inside a nonce envelope it cannot close,
    in both copies of every result: only section 3's builders make a result (``json_result``,
    ``context_result``, ``error_result``, ``framed_error``), through ``envelope`` and
-   ``structured_frame``; fetch's text is ``render_context``'s.
+   ``structured_frame``; ``fenced`` keeps ``<<<`` and ``>>>`` out of every body line itself.
 7. Nothing is published unchecked: ``publish_checked`` runs ``check_transcript`` (each harness's
    record envelope), the rate limit and the SDK's scrub (``scrub_transcript``), then uploads the
    scrubbed bytes privately.
@@ -61,18 +59,23 @@ that shows there is no other place, and the test that proves it:
     tool's name, outcome and duration, never arguments or results. (That each request is answered
     once is the dispatcher's protocol correctness, tested, not a claim.)
 12. ``--version`` prints the running file's SHA-256 (``file_digest_line``): hash a copy yourself too.
-13. A session file is read only inside the agents' session folders, found by listing them (an id is
-    never joined into a path), opened without following a link (``open_below``) and without waiting,
-    then read only when it is not a FIFO, a device, another user's file or a hard link
-    (``_file_problem``); the current session is the one the call's ``_meta`` names (``find_session``),
-    never a guess.
+13. A session file is read only inside the agents' session folders, found by listing them (a
+    ``LocalSession`` is made only by ``_found``, from the listing: an id is never joined into a path),
+    opened without following a link (``open_below``) and without waiting, then read only when it is
+    not a FIFO, a device, another user's file or a hard link (``_file_problem``).
 14. Every text outside an envelope is this file's own or a name: an error's message and data and a
     progress note are ``Words`` (``error_text``, ``rpc_error``, ``ToolContext.progress`` take nothing
     else), made only by ``say`` from a string literal of this file and by ``plain_name`` (an
     identifier), ``echoed_name`` (a name the client or the model wrote) and ``local_line`` (a value of
     this machine); an error's details pass ``ERROR_DETAILS``; resource lists and completions carry
-    identifier-shaped names (``resource_of``, ``library_values``); prompt texts carry the user's own
+    id-shaped names (``resource_page``, ``completion_values``); prompt texts carry the user's own
     arguments.
+15. The session saved is the one the call names (``find_session``): an id, or for ``current`` the
+    session the call's ``_meta`` names, else ``$CLAUDE_CODE_SESSION_ID``'s while no newer session of
+    its project was written; never a guess.
+16. An answer, and each record of a fetched session parsed from it, grows memory by at most
+    ``PARSE_BUDGET`` times its size plus 64 KiB while it is parsed (``_parse``,
+    ``parse_within_budget``; CPython 3.11's costs).
 
 Run it as ``a4sx-mcp``, ``python -m a4sx_mcp`` or ``python3 a4sx_mcp.py`` (a copied file works as is).
 """
@@ -528,7 +531,7 @@ class Settings:
 
 
 # =============================================================================================
-# 2. The HTTP client: everything sent to the network is a route of ROUTES (claims 4, 5)
+# 2. The HTTP client: everything sent to the network is a route of ROUTES (claims 4, 5, 16)
 # =============================================================================================
 
 USER_AGENT = "a4sx-mcp/%s (python %s)" % (__version__, ".".join(map(str, sys.version_info[:3])))
@@ -651,6 +654,8 @@ class Api:
         parts = urlsplit(self.base)
         self.tls = parts.scheme == "https"
         self.host, self.port = parts.hostname, parts.port or (443 if self.tls else 80)
+        if not self.tls and not _is_loopback(self.host):  # (normalize_base refuses it first)
+            raise ValueError("plain http is for a loopback server only: the token never travels in clear text")
         self.max_idle = max_idle
         self.idle = []              # [(connection, idle since)], most recent last
         self.watched = {}           # id -> [deadline, connection, why it ended]: see _watch
@@ -1152,9 +1157,11 @@ def notice_sentences(nonce, untrusted, about=None):
 
 
 def fenced(nonce, body_lines):
-    """BEGIN, the body, END (exactly once, last): the part a model cannot close. The body's lines come
-    escaped by the caller (``neutralize`` or ``one_line``; claim 6's search lists every caller)."""
-    return "\n".join(["<<<%s nonce=%s>>>" % (BEGIN_MARK, nonce)] + body_lines + ["<<<%s nonce=%s>>>" % (END_MARK, nonce)])
+    """BEGIN, the body, END (exactly once, last): the part a model cannot close, whatever a caller
+    passes. Only the marker lines carry the nonce (fresh for each result, so an author cannot write
+    it) and ``<<<``/``>>>``: every body line is ``_defuse``d here (callers escape more, for look)."""
+    body = [_defuse(line) for line in body_lines]
+    return "\n".join(["<<<%s nonce=%s>>>" % (BEGIN_MARK, nonce)] + body + ["<<<%s nonce=%s>>>" % (END_MARK, nonce)])
 
 
 def envelope(nonce, body_lines, untrusted, about=None):
@@ -1373,9 +1380,12 @@ def json_result(result, untrusted, outcome="ok", **framing):
     return Result(text, structured, outcome=outcome)
 
 
-def context_result(text, nonce, untrusted, fields):
-    """fetch's result: ``render_context``'s framed ``text`` (whose envelope carries ``nonce``) is the
-    text copy, and the structured copy's last field (``context``); ``fields``: server values only."""
+def context_result(body_lines, untrusted, fields):
+    """fetch's result: ``body_lines`` (``render_context``'s) in an envelope is the text copy, and the
+    structured copy's last field (``context``); ``fields``: server values only."""
+    nonce = new_nonce()
+    text = envelope(nonce, body_lines, untrusted)
+    fields = dict(fields, approx_tokens=len(text) // 4)
     return Result(text, structured_frame(nonce, untrusted, fields, "context", text))
 
 
@@ -1456,6 +1466,12 @@ def not_signed_in(settings):
                                           local_line(settings.base), settings.login_hint()))
 
 
+def sdk_missing():
+    return ToolError("sdk_missing", say("Saving a session needs the `a4sx` package (the a4sx SDK, %s) to scrub the "
+                                        "transcript before it leaves this machine; install it with `pip install "
+                                        "'a4sx%s'`. Nothing was sent.", local_line(SDK_RANGE), local_line(SDK_RANGE)))
+
+
 def api_failure(settings, status, body):
     """The ToolError for an unexpected API answer, mapped as the hosted server does."""
     code, details = api_error_fields(body)
@@ -1477,8 +1493,57 @@ def api_failure(settings, status, body):
                      status=status)
 
 
+
+# Lists a client shows the model without an envelope (resources/list, completion/complete) carry
+# names only: ids and labels of an id's shape, this file's enum values and fixed texts.
+
+ID_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._:@-]*$"  # an id (ID_SCHEMA's): letters, digits and ._:@-, no space
+_ID_NAME = re.compile(ID_PATTERN[1:-1] + r"\Z")
+_TIMESTAMP = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]+(Z|[+-][0-9]{2}:[0-9]{2})\Z")
+LIBRARY_URI = "a4sx://library/"
+RESOURCE_DESCRIPTION = "An a4sx library session: reading it loads it framed, as untrusted reference data."
+MAX_COMPLETIONS = 100
+
+
+def id_like(value, cap=200):
+    """A string a tool accepts as an id (``ID_PATTERN``, at most ``cap`` characters): a name, never prose."""
+    return isinstance(value, str) and len(value) <= cap and bool(_ID_NAME.match(value))
+
+
+def library_uri(item_id):
+    return LIBRARY_URI + quote(item_id, safe="")
+
+
+def resource_page(rows, offset, page_size, titles, annotations):
+    """One page of library rows as Resources, and the next page's cursor (a count). A resource is
+    named by its row's label or id, whichever is id-shaped, and described by a fixed text: no title
+    or description an author wrote goes into one (reading the resource frames them)."""
+    rows = [row for row in rows if id_like(row.get("id"))]
+    resources = []
+    for row in rows[offset: offset + page_size]:
+        name = row["label"] if id_like(row.get("label"), 64) else row["id"]
+        resource = {"uri": library_uri(row["id"]), "name": name, "mimeType": "text/markdown",
+                    "description": RESOURCE_DESCRIPTION}
+        if titles:
+            resource["title"] = name
+        updated = row.get("updated_at")
+        if annotations and isinstance(updated, str) and _TIMESTAMP.match(updated):
+            resource["annotations"] = {"lastModified": updated}
+        resources.append(resource)
+    page = {"resources": resources}
+    if offset + page_size < len(rows):
+        page["nextCursor"] = "library:%d" % (offset + page_size)
+    return page
+
+
+def completion_values(candidates, prefix):
+    """completion/complete's answer: the id-shaped candidates that start with ``prefix``, at most
+    ``MAX_COMPLETIONS`` of them, and how many there are."""
+    hits = [c for c in candidates if id_like(c) and c.lower().startswith(prefix.lower())]
+    return {"completion": {"values": hits[:MAX_COMPLETIONS], "total": len(hits), "hasMore": len(hits) > MAX_COMPLETIONS}}
+
 # =============================================================================================
-# 4. Transcripts and the taint rule: what publishing accepts and marks; the renderer (claims 7, 8)
+# 4. Transcripts and the taint rule: what publishing accepts and marks; the renderer (claims 7, 8, 16)
 # =============================================================================================
 
 
@@ -1845,15 +1910,16 @@ def pick_transcript(bundle):
     return None
 
 
-def render_context(title, turns, max_tokens, untrusted, nonce, loaded=""):
-    """The fetch text: notice, envelope, title (and ``loaded``: which entry and version), the first
-    user turn and the newest turns that fit in ``max_tokens × 4`` characters, with a marker saying
+def render_context(title, turns, max_tokens, untrusted, loaded=""):
+    """``(body lines, turns included, truncated)``: the fetch text's envelope body (``context_result``
+    frames it), the title (and ``loaded``: which entry and version), the first user turn and the
+    newest turns that fit, with the envelope, in ``max_tokens × 4`` characters, and a marker saying
     how many turns were left out. Turns are escaped only when they are looked at: newest first,
     until the budget is full."""
     title_line = "Title: " + (one_line(title or "", 200) or "(untitled)") + (
         "\n" + one_line(loaded, 300) if loaded else "")
     if not turns:
-        return envelope(nonce, [title_line, "", "(this session has no readable turns)"], untrusted), 0, False
+        return [title_line, "", "(this session has no readable turns)"], 0, False
     cache = {}
 
     def rendered(i):
@@ -1864,7 +1930,7 @@ def render_context(title, turns, max_tokens, untrusted, nonce, loaded=""):
                         and len(body) == TURN_CAP)
         return cache[i][0]
 
-    room = max_tokens * 4 - len(envelope(nonce, [title_line], untrusted)) - 1
+    room = max_tokens * 4 - len(envelope("0" * 2 * NONCE_BYTES, [title_line], untrusted)) - 1
     used, fits = 0, True
     for i in range(len(turns) - 1, -1, -1):
         used += len(rendered(i)) + 1
@@ -1873,7 +1939,7 @@ def render_context(title, turns, max_tokens, untrusted, nonce, loaded=""):
             break
     if fits:
         cut = any(cache[i][1] for i in cache)
-        return envelope(nonce, [title_line] + [rendered(i) for i in range(len(turns))], untrusted), len(turns), cut
+        return [title_line] + [rendered(i) for i in range(len(turns))], len(turns), cut
     first_user = next((i for i, (role, _) in enumerate(turns) if role == "user"), 0)
     room -= 80  # the omitted-turns marker
     head = rendered(first_user)
@@ -1894,11 +1960,11 @@ def render_context(title, turns, max_tokens, untrusted, nonce, loaded=""):
     body = [title_line, head]
     if omitted:
         body.append("\n[%d turn%s omitted here to fit the context budget]" % (omitted, "" if omitted == 1 else "s"))
-    return envelope(nonce, body + tail, untrusted), 1 + len(tail), True
+    return body + tail, 1 + len(tail), True
 
 
 # =============================================================================================
-# 5. Local session files: the agents' own transcripts, read without following links (claim 13)
+# 5. Local session files: the agents' own transcripts, read without following links (claims 13, 15)
 # =============================================================================================
 # What is read, and how (SECURITY.md claim 2): only the session files of ``SESSION_FILES``, found by
 # listing the roots of ``session_roots`` (an id is compared with the names listed, never joined into a
@@ -2443,10 +2509,10 @@ def record_saved(base, key, collection):
 
 
 # =============================================================================================
-# 7. Tools: schemas, validation, handlers, the publish pipeline (claims 7, 10)
+# 7. Tools: schemas, validation, handlers, the publish pipeline (claims 7, 10, 15)
 # =============================================================================================
 
-ID_SCHEMA = {"type": "string", "minLength": 1, "maxLength": 200, "pattern": "^[A-Za-z0-9][A-Za-z0-9._:@-]*$"}
+ID_SCHEMA = {"type": "string", "minLength": 1, "maxLength": 200, "pattern": ID_PATTERN}
 TENANT_SCHEMA = {"type": "string", "maxLength": 64, "pattern": "^[a-z0-9-]*$"}
 VERSION_SCHEMA = {"type": "string", "maxLength": 64, "pattern": "^[A-Za-z0-9._-]*$"}
 TENANT_DESCRIBED = dict(TENANT_SCHEMA, description="The listing owner's handle: pass the tenant of the search "
@@ -2803,6 +2869,11 @@ class ToolContext:
             raise not_signed_in(self.settings)
         return token
 
+    def account(self):
+        """Which account the sign-in is for, as ``Api.account``'s salted digest: ``token``'s checks
+        and errors, and the token is not kept."""
+        return self.api.account(self.token())
+
     def send(self, route, params=None, **kw):
         """``Api.send`` with this call's cancel flag, the sign-in problems as their ToolErrors;
         ``NetworkError`` passes (a caller that retries needs it as is)."""
@@ -3064,12 +3135,11 @@ def tool_fetch_session_context(ctx, args):
     tools = args["include_tool_calls"]
     turns = canonical_turns(content, tools) if kind == "canonical" else claude_turns(content, tools)
     content = picked = None
-    nonce = new_nonce()
     loaded = "Library id: %s, version %s" % (args["id"], _str(version) or "latest")
-    text, included, truncated = render_context(title, turns, args["max_tokens"], untrusted, nonce, loaded)
-    fields = {"status": "ok", "source": "library", "max_tokens": args["max_tokens"], "approx_tokens": len(text) // 4,
-              "truncated": truncated, "turns_total": len(turns), "turns_included": included}
-    return context_result(text, nonce, untrusted, fields)
+    body, included, truncated = render_context(title, turns, args["max_tokens"], untrusted, loaded)
+    fields = {"status": "ok", "source": "library", "max_tokens": args["max_tokens"], "approx_tokens": None,
+              "truncated": truncated, "turns_total": len(turns), "turns_included": included}  # context_result counts
+    return context_result(body, untrusted, fields)
 
 
 # --- publish_session ----------------------------------------------------------------------------
@@ -3183,10 +3253,7 @@ def publish_checked(ctx, held, args, into=None, local=False):
             upload, report, texts = scrub_transcript(data, args.get("title"), args.get("label"), ctx.cancel)
         del data  # only the scrubbed bytes are needed from here on
     except SdkMissing:
-        raise ToolError("sdk_missing", say("Saving a session needs the `a4sx` package (the a4sx SDK, %s) to "
-                                           "scrub the transcript before it leaves this machine; install it with "
-                                           "`pip install 'a4sx%s'`. Nothing was sent.", local_line(SDK_RANGE),
-                                           local_line(SDK_RANGE)))
+        raise sdk_missing() from None
     if ctx.cancel.is_set():
         raise Cancelled()
     title, label = (texts.get(k, (None, {}))[0] for k in ("title", "label"))
@@ -3200,14 +3267,7 @@ def publish_checked(ctx, held, args, into=None, local=False):
     headers = {"Idempotency-Key": args.get("idempotency_key") or str(lazy("uuid").uuid4()),
                "X-Content-SHA256": lazy("hashlib").sha256(upload).hexdigest()}
     params = {"label": label, "title": title, "parent": parent, "into": into, "client_scrub": "full"}
-    status, body = push_with_retries(ctx, upload, params, headers)
-    collection = _str(body.get("collection"))
-    if not collection:  # stored or not, the answer cannot say where: the same key finds out safely
-        raise ToolError("unreadable_answer", say("The a4sx server accepted the upload but its answer could not be "
-                                                 "read. Call the tool again with the same arguments and "
-                                                 "idempotency_key %s: a stored upload is returned, not saved twice.",
-                                                 echoed_name(headers["Idempotency-Key"], 128)),
-                        idempotency_key=headers["Idempotency-Key"], status=status)
+    collection, body = push_with_retries(ctx, upload, params, headers)
     untrusted = publish_taint(ctx, lineage, framed, parent_row, collection, rows, body.get("deduped") is True)
     if untrusted:
         try:
@@ -3243,7 +3303,7 @@ def publish_parent(given, lineage, rows):
 def push_with_retries(ctx, upload, params, headers):
     """``POST /library/push`` with the same Idempotency-Key on every attempt: on a network error or
     429/502/503/504 up to 3 attempts (busy scrub pool: 6), waiting as ``retry_wait`` says; a 404
-    provisions the library again once. ``(status, body)`` of a stored push; ToolError otherwise."""
+    provisions the library again once. ``(entry id, body)`` of a stored push; ToolError otherwise."""
     attempt, ensured_again = 0, False
     while True:
         if ctx.cancel.is_set():
@@ -3277,7 +3337,15 @@ def push_with_retries(ctx, upload, params, headers):
                             idempotency_key=headers["Idempotency-Key"])
     if status not in (200, 201, 202):
         raise api_failure(ctx.settings, status, body)
-    return status, body if isinstance(body, dict) else {}
+    body = body if isinstance(body, dict) else {}
+    collection = _str(body.get("collection"))
+    if not collection:  # stored or not, the answer cannot say where: the same key finds out safely
+        raise ToolError("unreadable_answer", say("The a4sx server accepted the upload but its answer could not be "
+                                                 "read. Call the tool again with the same arguments and "
+                                                 "idempotency_key %s: a stored upload is returned, not saved twice.",
+                                                 echoed_name(headers["Idempotency-Key"], 128)),
+                        idempotency_key=headers["Idempotency-Key"], status=status)
+    return collection, body
 
 
 HANDLERS = {
@@ -3333,18 +3401,10 @@ OUTPUT_SCHEMAS["publish_local_session"] = OUTPUT_SCHEMAS["publish_session"]
 # 8. Resources, prompts and completions: the tools' handlers, picked by the user (claim 14)
 # =============================================================================================
 
-LIBRARY_URI = "a4sx://library/"
 MARKETPLACE_URI = "a4sx://marketplace/"
 RESOURCE_PAGE = 50
 LIBRARY_TTL_MS = 30 * 1000  # how long a client may keep a list or read derived from the user's library
 LIBRARY_CACHE_S = 15.0  # completions ask on every keystroke: one library listing serves them briefly
-MAX_COMPLETIONS = 100
-_ID_PATTERN = _pattern(ID_SCHEMA["pattern"])
-
-
-def id_like(value, cap=ID_SCHEMA["maxLength"]):
-    """A string a tool accepts as an id (the schema's pattern and length): a name, never prose."""
-    return isinstance(value, str) and len(value) <= cap and bool(_ID_PATTERN.search(value))
 
 RESOURCE_TEMPLATES = [
     {"uriTemplate": LIBRARY_URI + "{id}", "name": "library-session", "title": "a4sx library session",
@@ -3416,12 +3476,11 @@ class LibraryCache:
         """The rows, or [] when not signed in; a sign-in that must not be used is the ToolError it is
         on every other path (``ToolContext.token``)."""
         try:
-            token = ctx.token()
+            account = ctx.account()
         except ToolError as err:
             if err.code == "not_signed_in":
                 return []
             raise
-        account = ctx.api.account(token)
         with self.lock:
             if not fresh and account == self.account and time.monotonic() - self.at < LIBRARY_CACHE_S:
                 return self.rows
@@ -3429,10 +3488,6 @@ class LibraryCache:
         with self.lock:
             self.account, self.at, self.rows = account, time.monotonic(), rows
         return rows
-
-
-def library_uri(item_id):
-    return LIBRARY_URI + quote(item_id, safe="")
 
 
 def uri_target(uri):
@@ -3449,26 +3504,6 @@ def uri_target(uri):
     return None
 
 
-RESOURCE_DESCRIPTION = "An a4sx library session: reading it loads it framed, as untrusted reference data."
-
-
-def resource_of(row, version):
-    """A library row as a Resource, named by its id or label (identifier-shaped, as completions are)
-    and described by a fixed text: clients show resource lists to the model without an envelope, so
-    no title or description an author wrote goes into one (reading the resource frames them)."""
-    label = row.get("label")
-    name = label if id_like(label, FIELD_CAPS["label"]) else row["id"]  # list_resources: an id_like id
-    resource = {"uri": library_uri(row["id"]), "name": name, "mimeType": "text/markdown",
-                "description": RESOURCE_DESCRIPTION}
-    if has(version, "titles"):
-        resource["title"] = name
-    updated = row.get("updated_at")
-    if has(version, "annotations on resources") and isinstance(updated, str) and re.match(
-            r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]+(Z|[+-][0-9]{2}:[0-9]{2})\Z", updated):
-        resource["annotations"] = {"lastModified": updated}
-    return resource
-
-
 def list_resources(ctx, cursor, version):
     """One page of the library as resources; signed out: none."""
     offset = 0
@@ -3480,12 +3515,7 @@ def list_resources(ctx, cursor, version):
         rows = ctx.server.library_cache.rows_for(ctx, fresh=cursor is None)
     except ToolError as err:
         raise _feature_error(err)
-    rows = [row for row in rows if id_like(row.get("id"))]
-    page = rows[offset: offset + RESOURCE_PAGE]
-    result = {"resources": [resource_of(row, version) for row in page]}
-    if offset + RESOURCE_PAGE < len(rows):
-        result["nextCursor"] = "library:%d" % (offset + RESOURCE_PAGE)
-    return result
+    return resource_page(rows, offset, RESOURCE_PAGE, has(version, "titles"), has(version, "annotations on resources"))
 
 
 def read_resource(ctx, uri):
@@ -3608,10 +3638,7 @@ def complete(ctx, ref, argument):
         candidates = library_values(ctx, ("id",)) if template.startswith(LIBRARY_URI) and name == "id" else []
     else:
         raise FeatureError("invalid", say("ref.type must be ref/prompt or ref/resource"))
-    prefix = value.lower()
-    hits = [c for c in candidates if c.lower().startswith(prefix)]
-    return {"completion": {"values": hits[:MAX_COMPLETIONS], "total": len(hits),
-                           "hasMore": len(hits) > MAX_COMPLETIONS}}
+    return completion_values(candidates, value)
 
 
 def library_values(ctx, fields):
