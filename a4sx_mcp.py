@@ -622,12 +622,19 @@ _ssl_lock = threading.Lock()
 
 
 def ssl_context():
-    """The process's one TLS context: the system trust store (or ``$SSL_CERT_FILE`` /
-    ``$SSL_CERT_DIR``) with hostname checks; loading a CA bundle costs tens of ms, so only once."""
+    """The process's one TLS context: ``ssl.create_default_context()``'s (the system trust store or
+    ``$SSL_CERT_FILE`` / ``$SSL_CERT_DIR``, certificates and hostnames checked), but made without it,
+    since that one writes TLS secrets to ``$SSLKEYLOGFILE``: a key log beside a capture would show
+    the token. Loading a CA bundle costs tens of ms, so only once."""
     global _ssl_context
     with _ssl_lock:
         if _ssl_context is None:
-            _ssl_context = lazy("ssl").create_default_context()
+            ssl = lazy("ssl")
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # verify_mode CERT_REQUIRED, check_hostname
+            context.load_default_certs()
+            if sys.version_info >= (3, 13):  # create_default_context's flags there
+                context.verify_flags |= getattr(ssl, "VERIFY_X509_PARTIAL_CHAIN", 0) | ssl.VERIFY_X509_STRICT
+            _ssl_context = context
         return _ssl_context
 
 
@@ -716,11 +723,9 @@ class Api:
         del payload  # _parse frees the bytes once they are decoded
         return status, _parse(held)
 
-    def account(self, token=None):
-        """Which account the stored token (or ``token``, just read) is for, as a salted digest (the
-        token is not kept)."""
-        token = self.settings.find_token()[0] if token is None else token
-        return lazy("hashlib").sha256(self.salt + (token or "").encode("utf-8", "replace")).hexdigest()[:16]
+    def account(self, token):
+        """Which account ``token`` is for, as a salted digest (the token is not kept)."""
+        return lazy("hashlib").sha256(self.salt + token.encode("utf-8", "replace")).hexdigest()[:16]
 
     def _redirect_target(self, current, location):
         """The path and query to request next, or None: another origin, credentials in the URL, or a
@@ -1245,11 +1250,18 @@ def wire_size(value):
 
 
 def framed_json(result, untrusted=False, rows=None, offset=0, caps=FIELD_CAPS, hint_next=None):
-    """A JSON read result as ``(text, structured)``: notice, envelope with the one-line JSON, hint
-    line; text plus structured copy within 64 KiB, dropping whole rows from the end (``next_offset``
-    then resumes at the first row left out) and, if that is not enough, shrinking the caps, then
-    dropping the deepest nested objects and lists (keys and numbers do not shrink). Rows are
-    sanitised one by one only until the budget is full: rows that will not be sent cost nothing."""
+    """A JSON read result as ``(text, structured)``: ``_frame``'s two copies (notice, envelope with
+    the one-line JSON, hint line) of what ``fitted_json`` keeps of ``result``."""
+    clean, dropped, scale = fitted_json(result, untrusted, rows, offset, caps, hint_next)
+    return _frame(clean, rows, dropped, offset, untrusted, hint_next, scale)[:2]
+
+
+def fitted_json(result, untrusted, rows, offset, caps, hint_next):
+    """``(clean, dropped, scale)``: ``result`` sanitised so that ``_frame``'s text plus structured copy
+    fit 64 KiB, dropping whole rows from the end (``next_offset`` then resumes at the first row left
+    out) and, if that is not enough, shrinking the caps, then dropping the deepest nested objects
+    and lists (keys and numbers do not shrink). Rows are sanitised one by one only until the budget
+    is full: rows that will not be sent cost nothing."""
     page_in = (result.get(rows) or [])[:MAX_PAGE_ITEMS] if rows else []
     scale, max_depth = 1.0, MAX_DEPTH
     while True:
@@ -1266,12 +1278,12 @@ def framed_json(result, untrusted=False, rows=None, offset=0, caps=FIELD_CAPS, h
             clean[rows] = page
         while True:
             dropped = len(page) < len(page_in)
-            text, structured, size = _frame(clean, rows, dropped, offset, untrusted, hint_next, scale)
+            size = _frame(clean, rows, dropped, offset, untrusted, hint_next, scale)[2]
             if size <= RESULT_BUDGET or not page:
                 break
             page.pop()  # the estimate was short: confirm by building
         if size <= RESULT_BUDGET and (page or not page_in):
-            return text, structured  # (a first row too big on its own is shortened, never skipped)
+            return clean, dropped, scale  # (a first row too big on its own is shortened, never skipped)
         if scale >= 0.05:
             scale /= 2
         elif max_depth > 1:  # scalars alone: at most MAX_KEYS keys of a row or a result
@@ -1447,7 +1459,7 @@ def framed_error(code, message, payload, untrusted, outcome, **fields):
     """An error result that carries author or API data: the code and message first, then the
     notice and the envelope, in the text and in the structured copy alike."""
     text, structured = framed_json(dict(payload, **fields), untrusted)
-    structured = dict({"error": code, "message": message}, **structured)
+    structured = dict({"error": plain_name(code), "message": message}, **structured)
     return Result(error_text(code, message) + "\n\n" + text, structured, True, outcome)
 
 
@@ -1570,16 +1582,10 @@ def byte_lines(data):
         start = end + 1
 
 
-# Which records belong to a transcript. Not a list of record types (the clients add types in most
-# releases) but each harness's envelope, on every line, so made-up records cannot carry a file along:
-# - Claude Code writes every record with the session's ``sessionId`` (one id for the whole file),
-#   except the two kinds older releases wrote without one, which may hold only their own fields
-#   (``SESSIONLESS_RECORDS``); some record is a turn (user or assistant, a message object).
-# - A Codex CLI rollout starts with ``session_meta`` (a payload object) and every line carries
-#   Codex's envelope, a ``timestamp`` string and a ``payload`` object (0.169.0 adds ``ordinal`` and,
-#   on response items, ``metadata`` beside them).
-# Derived from and tested on real files of the CLIs (testdata/: Claude Code 1.0.128 to 2.1.332,
-# Codex CLI 0.169.0); SECURITY.md "What a transcript is".
+# Which records belong to a transcript: each harness's envelope on every line, not a list of record
+# types (the clients add types in most releases); the rule is SECURITY.md's "What a transcript is",
+# derived from and tested on the CLIs' real files (testdata/: Claude Code 1.0.128 to 2.1.332, Codex
+# CLI 0.169.0). The two kinds older Claude Code wrote without a sessionId hold only their own fields:
 SESSIONLESS_RECORDS = {
     "summary": frozenset(("type", "summary", "leafUuid")),
     "file-history-snapshot": frozenset(("type", "messageId", "snapshot", "isSnapshotUpdate")),
@@ -1650,15 +1656,12 @@ def check_transcript(data):
 
 
 def publish_taint(ctx, lineage, framed, parent_row, collection, rows, deduped):
-    """The one rule for a publish's ``untrusted`` (SECURITY.md claim 8), decided after the upload:
-    another author's content keeps its warning when published again, through the SDK's lineage
-    record (its mark, or its parent's taint, whatever parent the call names), this server's framing
-    of another author's session carried in the transcript (``framed``: a session that loaded one),
-    the named parent's taint, or the taint of ``collection``, the entry the upload went into (by
-    ``into``, label or dedup). ``rows``: the library as listed before the upload (listed whenever a
-    parent, label, lineage parent or ``into`` was known). A deduplicated upload with no listing lists
-    the library now, and counts as untrusted if that fails. Not caught: a parent or entry missing
-    from the listing counts as trusted."""
+    """The one rule for a publish's ``untrusted`` (SECURITY.md claim 8), decided after the upload: the
+    SDK's lineage record (its mark or its parent's taint), this server's framing of another author's
+    session in the transcript (``framed``), the named parent's taint, or that of ``collection``, the
+    entry the upload went into. ``rows``: the library as listed before the upload; a deduplicated
+    upload with none lists it now (failing: untrusted). Not caught: a parent or entry missing from
+    the listing counts as trusted."""
     if deduped and not rows:
         try:
             rows = ctx.library()
@@ -1718,10 +1721,9 @@ def _strings(value):
 
 
 def rows_untrusted(rows, base):
-    """A function telling whether a library row holds another author's content: it or an ancestor
-    through ``parent`` edges has ``acquired_from`` or is marked in the SDK's local records (the
-    SDK's ``row_is_untrusted`` rule; without the SDK, the edges alone, the hosted server's rule). An
-    id that is not a string is no id: a malformed row breaks no other row's answer."""
+    """Whether a library row holds another author's content: it or an ancestor (``parent`` edges) has
+    ``acquired_from`` or a local mark (the SDK's ``row_is_untrusted``; no SDK: the edges alone, the
+    hosted server's rule). A row whose id is no string is no id, and breaks no other row's answer."""
     try:
         local = marked_untrusted(base)
     except SdkMissing:
@@ -2415,9 +2417,8 @@ def scrub_transcript(data, title, label, cancel):
 
 
 def transcript_session_id(data):
-    """The SDK's ``session_id_of`` (the first record that has a ``sessionId``; none for a Codex CLI
-    rollout, whose records have none), asked one candidate line at a time: it would otherwise split
-    and decode the whole upload to find what is on its first lines."""
+    """The SDK's ``session_id_of`` (the first record's ``sessionId``; a Codex CLI rollout has none),
+    asked one candidate line at a time."""
     module = sdk_module("transcript")
     for line in byte_lines(data):  # performance: candidate lines only (the SDK would split the whole upload)
         if b"sessionId" in line or b"\\u" in line:
@@ -3183,7 +3184,7 @@ def resolve_parent(rows, name):
 def ensure_library(ctx, again=False):
     """``POST /library/ensure`` once per account and process; ``again`` when a push found the
     library gone."""
-    account = ctx.api.account()
+    account = ctx.account()
     if again or account not in ctx.api.ensured:
         ctx.request("ensure", ok=(200, 201, 204), data=b"")
         ctx.api.ensured.add(account)
@@ -3225,17 +3226,16 @@ def tool_publish_local_session(ctx, args):
     result = publish_checked(ctx, held, args, into=into, local=True)
     try:
         record_saved(ctx.settings.base, key, result["library_id"])
-    except OSError:  # saved all the same: a later save makes a new entry instead of a version
+    except Exception:  # noqa: BLE001 - saved all the same: a later save makes a new entry, not a version
         log("warning", "could not record where the local session was saved")
     result["local_session"] = dict(session.describe(), bytes_read=size, found_by=how)
     return json_result(result, result["untrusted"], "saved", hint_next=SAVED_NEXT)
 
 
 def publish_checked(ctx, held, args, into=None, local=False):
-    """Steps 4 to 12 of the spec's publish pipeline on a transcript's bytes (``held``: a list of
-    them, emptied, so they are freed once scrubbed): the transcript check, the rate limit, the local
-    scrub, lineage and taint, the private upload (``into``: a new version of that entry, when it is
-    still in the library) with idempotent retries. The result's fields."""
+    """Steps 4 to 12 of the spec's publish pipeline on a transcript's bytes (``held``, emptied so they
+    are freed once scrubbed): the check, the rate limit, the scrub, lineage and taint, the private
+    upload (``into``: a new version of that entry, if still listed). The result's fields."""
     data = held.pop()
     problem = check_transcript(data)
     if problem:
@@ -3258,7 +3258,6 @@ def publish_checked(ctx, held, args, into=None, local=False):
         raise Cancelled()
     title, label = (texts.get(k, (None, {}))[0] for k in ("title", "label"))
     text_redactions = sum(sum(texts.get(k, (None, {}))[1].values()) for k in ("title", "label"))
-    base = ctx.settings.base
     rows = ctx.library() if args.get("parent") or label or lineage.get("parent_cid") or into else []
     if into and not any(row.get("id") == into for row in rows):
         into = None  # the entry it was saved to is gone: a new one
@@ -3271,8 +3270,8 @@ def publish_checked(ctx, held, args, into=None, local=False):
     untrusted = publish_taint(ctx, lineage, framed, parent_row, collection, rows, body.get("deduped") is True)
     if untrusted:
         try:
-            mark_untrusted(base, collection)
-        except OSError:
+            mark_untrusted(ctx.settings.base, collection)
+        except Exception:  # noqa: BLE001 - the upload stands: its result must reach the model
             log("warning", "could not record the untrusted marker locally")
     result = {"status": "saved", "visibility": "private", "library_id": collection, "version": body.get("version"),
               "deduped": body.get("deduped") is True, "server_redactions": body.get("redactions"),
@@ -4122,14 +4121,15 @@ class Server:
         except ToolError as err:
             result = error_result(err)
         except Exception as err:  # noqa: BLE001 - never leak a traceback, never die
-            log("warning", "tool=%s internal error (%s)" % (name, type(err).__name__))
+            log("warning", "tool=%s internal error (%s)" % (plain_name(name), type(err).__name__))
             result = error_result(ToolError("internal_error", say("internal error")))
         if ctx.large:
             release_memory()
         if result is None or ctx.cancel.is_set():
-            log("info", "tool=%s outcome=cancelled ms=%d" % (name, (time.monotonic() - started) * 1000))
+            log("info", "tool=%s outcome=cancelled ms=%d" % (plain_name(name), (time.monotonic() - started) * 1000))
             return None
-        log("info", "tool=%s outcome=%s ms=%d" % (name, result.outcome, (time.monotonic() - started) * 1000))
+        log("info", "tool=%s outcome=%s ms=%d" % (plain_name(name), plain_name(result.outcome),
+                                                  (time.monotonic() - started) * 1000))
         return result
 
     def shutdown(self, grace):

@@ -1491,10 +1491,9 @@ REVIEW_SEARCHES = {
         (r"\bopen\(|fdopen\(|scandir|listdir", {"_read_json", "read_private", "_entries", "open_below", "_opened",
                                                 "file_digest_line"}),
         (r"_read_json\(", {"_read_json", "_read_config", "read_lineage", "_record_file"})],
-    3: [(r"find_token\(|Authorization", {"Settings.find_token", "Api.send",
-                                                              "Api.account", "ToolContext.token", "sign_in_status"}),
+    3: [(r"find_token\(|Authorization", {"Settings.find_token", "Api.send", "ToolContext.token", "sign_in_status"}),
         (r"ctx\.(token|account)\(\)", {"tool_acquire_session", "tool_publish_session", "tool_publish_local_session",
-                               "get_prompt", "LibraryCache.rows_for"})],
+                               "get_prompt", "LibraryCache.rows_for", "ensure_library"})],
     4: [(r'lazy\("(http\.client|socket|ssl)"\)', {"ssl_context", "trust_store", "Api._exchange", "Api._checkout",
                                                   "_shut", "_network_reason", "warm_network"}),
         (r"api\.send\(", {"ToolContext.send", "run_check"})],
@@ -1511,8 +1510,9 @@ REVIEW_SEARCHES = {
          r'unlink|mkdir|makedirs|truncate|chmod|chown|symlink|link|utime)\b|O_CREAT|O_WRONLY|O_RDWR|shutil|tempfile|'
          r'write_text|write_bytes|libc\.',
          {"ScrubWorker._start", "mark_untrusted", "record_saved", "read_private", "_glibc", "release_memory"})],
-    10: [(r'Route\("', {"<module>"})],
-    11: [(r"sys\.stdout|print\(|os\.write\(", {"scrub_worker_main", "serve", "run_check", "main"}),
+    10: [(r'Route\("', {"<module>"}), (r'"acquire"', {"<module>", "tool_acquire_session"})],
+    12: [(r"file_digest_line\(", {"file_digest_line", "main"})],
+    11: [(r"sys\.(__)?stdout|print\(|os\.write\(", {"scrub_worker_main", "serve", "run_check", "main"}),
          (r"os\._exit|sys\.exit\(|signal\.signal", {"_exit_on_sigterm", "<module>"}),
          (r"\blog\(", None)],
     13: [(r"LocalSession\(", {"_found"}),
@@ -1608,7 +1608,8 @@ def _a_plain_string(node):
 
 def test_each_claim_s_print_line_names_its_places_and_its_size():
     """SECURITY.md's ``show`` snippet, run by bash as a reviewer pastes it: each claim's "Print" line
-    names places that exist (``show`` says which it cannot find) and prints about the number of lines it states."""
+    names places that exist (``show`` says which it cannot find) and prints about the number of lines
+    it states; its ``where`` names, for each claim's search, exactly the places the search may hit."""
     with open(os.path.join(HERE, "SECURITY.md"), encoding="utf-8") as f:
         security = f.read()
     snippet = re.search(r"```sh\n(show\(\) \{.*?\n\})\n```", security, re.S).group(1)
@@ -1620,6 +1621,17 @@ def test_each_claim_s_print_line_names_its_places_and_its_size():
         assert done.returncode == 0 and not done.stderr, (names, done.stderr)
         printed = len(re.findall(r"^ *\d+  ", done.stdout, re.M))
         assert abs(printed - int(stated)) <= max(5, int(stated) // 10), (names, stated, printed)
+    import ast
+
+    classes = {node.name for node in _module_tree().body if isinstance(node, ast.ClassDef)}
+    for claim, searches in REVIEW_SEARCHES.items():
+        for pattern, allowed in searches:
+            done = subprocess.run(["bash", "-c", snippet + '\nwhere "$0"', pattern], cwd=HERE, capture_output=True,
+                                  text=True, timeout=60)
+            assert done.returncode == 0 and not done.stderr, (pattern, done.stderr)
+            named = {line.split()[1] for line in done.stdout.splitlines()}
+            named = {"<module>" if name in classes else name for name in named}  # a class's own lines
+            assert allowed is None or named == allowed, (claim, pattern, named, allowed)
 
 
 def test_every_text_outside_an_envelope_is_this_file_s_words():
@@ -3106,15 +3118,20 @@ def tls_files(tmp_path):
     return files
 
 
-def test_tls_with_the_test_ca_and_a_clear_error_with_the_wrong_one(spawn, env, tls_files):
+def test_tls_with_the_test_ca_and_a_clear_error_with_the_wrong_one(spawn, env, tls_files, tmp_path):
+    """TLS against the test CA; the wrong CA is a clear error naming the trust store; and the TLS
+    secrets never go to ``$SSLKEYLOGFILE`` (Python's default context would write them there, and a
+    key log beside a capture shows the token)."""
     srv = other_stub(env, tls=tls_files["context"])
     try:
         assert srv.base.startswith("https://127.0.0.1:")
-        proc = spawn(base=srv.base, extra_env={"SSL_CERT_FILE": tls_files["ca"]})
+        keylog = tmp_path / "keys.log"
+        proc = spawn(base=srv.base, extra_env={"SSL_CERT_FILE": tls_files["ca"], "SSLKEYLOGFILE": str(keylog)})
         for name, arguments, _ in NET_CALLS:
             structured, _, is_error = proc.tool(name, arguments)
             assert not is_error, (name, structured)
         assert srv.connections <= 2
+        assert not keylog.exists()
         proc = spawn(base=srv.base, extra_env={"SSL_CERT_FILE": tls_files["wrong"]})
         structured, text, is_error = proc.tool("search_sessions", {})
         assert is_error and structured["error"] == "network_error" and "certificate problem" in text, text
@@ -6842,6 +6859,8 @@ def test_error_details_pass_only_the_allow_list():
     assert result.structured == {"error": "x", "message": "m", "status": 404, "idempotency_key": "abc-1"}
     feature = a4sx_mcp._feature_error(a4sx_mcp.ToolError("rate_limited", a4sx_mcp.say("m"), retry_after_s=3, body={"a": 1}))
     assert feature.data == {"error": "rate_limited", "retry_after_s": 3}
+    framed = a4sx_mcp.framed_error("not a name: run this", a4sx_mcp.say("m"), {"a": 1}, False, "x")
+    assert framed.structured["error"] == "unnamed" and framed.text.startswith("a4sx error unnamed: m\n"), framed.text
 
 
 def test_one_table_says_what_each_revision_has():
