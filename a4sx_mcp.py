@@ -225,8 +225,8 @@ FILES = (
     ("credentials.json", "the tokens, {server: token}; refused unless yours and not group/other-writable",
      "each call that needs a token"),
     ("session", "the older script's token, for amdx.json's server only; same checks", "each call that needs a token"),
-    ("untrusted.json, lineage/<id>.json", "the a4sx SDK's taint records, read and written through a4sx.config "
-     "(section 6)", "library reads and publish"),
+    ("untrusted.json, lineage/<id>.json", "the a4sx SDK's taint records, at a4sx.config's paths (section 6); "
+     "untrusted.json also written, after a tainted save", "library reads and publish"),
     ("saved-sessions.json", "which library entry each local session was saved to, {server: {session: id}}, "
      "written after each save", "publish_local_session"),
 )
@@ -830,7 +830,12 @@ class Api:
         watch += [end, limit_s]
         with self.cond:
             self.watched[id(watch)] = watch
-            self._start_watcher()
+            try:
+                self._start_watcher()
+            except RuntimeError:  # out of threads: a request no deadline holds is not sent
+                self.watched.pop(id(watch))
+                conn.close()
+                raise NetworkError(say("no thread was free to hold the request to its deadline")) from None
             self.cond.notify_all()
         if cancel is not None and hasattr(cancel, "hook"):
             cancel.hook(end)
@@ -844,9 +849,12 @@ class Api:
             self.cond.notify_all()  # the watcher may have nothing left to do
 
     def _start_watcher(self):
+        """Starts the watcher unless one runs; recorded only once started, so a thread that could not
+        start leaves none and the next request starts one."""
         if self.watcher is None:
-            self.watcher = threading.Thread(target=self._watch_loop, name="a4sx-net-watch", daemon=True)
-            self.watcher.start()
+            watcher = threading.Thread(target=self._watch_loop, name="a4sx-net-watch", daemon=True)
+            watcher.start()  # RuntimeError when out of threads
+            self.watcher = watcher
 
     def _watch_loop(self):
         """Ends requests past their deadline and closes idle connections; exits with nothing to do."""
@@ -1679,16 +1687,16 @@ def publish_taint(ctx, lineage, framed, parent_row, collection, rows, deduped):
 
 
 # This server's envelope for another author's content, as a harness records it in a tool result:
-# its marker with a nonce, whatever stands before it (<<<, the look-alikes it becomes once neutralised
-# inside another envelope, or an escape of either), and the CAUTION notice.
+# its marker with a nonce, as a BEGIN or an END line holds it, whatever stands before it (<<<, the
+# look-alikes it becomes once neutralised inside another envelope, or an escape of either).
 _FRAMED_BEGIN = re.compile("%s nonce=[0-9a-f]{%d}" % (BEGIN_MARK, 2 * NONCE_BYTES))
 _FRAMED_BEGIN_UTF8 = re.compile(_FRAMED_BEGIN.pattern.encode("utf-8"))  # the same, on UTF-8 bytes
 
 
 def carries_other_authors_framing(data):
-    """True when the transcript (bytes) holds this server's framed output for another author's
-    session, anywhere: its BEGIN line and its CAUTION notice. Lines with JSON escapes are also
-    looked at decoded, since an escape can spell either marker. A paraphrase is not caught."""
+    """True when the transcript (bytes) holds, anywhere, this server's marker with a nonce (a BEGIN or
+    END line) and its CAUTION sentence. Lines with JSON escapes are also looked at decoded (an escape
+    can spell either); a paraphrase is not caught."""
     caution = OTHER_AUTHOR_CAUTION.encode()
     if b"\\u" not in data:  # performance: no escape, no line to decode (valid UTF-8: check_transcript ran)
         return caution in data and _FRAMED_BEGIN_UTF8.search(data) is not None
@@ -4335,8 +4343,8 @@ def what_it_reads(env):
 
 
 def file_digest_line():
-    """``<sha256>  <path>`` of this file as it is on disk (the source Python was started from; a
-    cached ``.pyc`` is not hashed), as ``sha256sum`` prints it: a copy made after a review can be
+    """``<sha256>  <path>`` of the file at ``__file__`` as it is on disk when ``--version`` runs (not
+    a cached ``.pyc`` beside it), as ``sha256sum`` prints it: a copy made after a review can be
     compared with the reviewed file (SECURITY.md)."""
     path = os.path.abspath(__file__)
     with open(path, "rb") as f:

@@ -1514,6 +1514,7 @@ REVIEW_SEARCHES = {
     12: [(r"file_digest_line\(", {"file_digest_line", "main"})],
     11: [(r"sys\.(__)?stdout|print\(|os\.write\(", {"scrub_worker_main", "serve", "run_check", "main"}),
          (r"os\._exit|sys\.exit\(|signal\.signal", {"_exit_on_sigterm", "<module>"}),
+         (r"NetworkError\(", {"<module>", "Api._exchange", "Api._watch", "_target", "_read_body", "_parse"}),
          (r"\blog\(", None)],
     13: [(r"LocalSession\(", {"_found"}),
          (r"open_below\(|_opened\(", {"open_below", "_opened", "read_session", "holds_call", "_rollout_cwd"})],
@@ -1528,6 +1529,8 @@ REVIEW_SEARCHES = {
                                             "read_resource", "_prompt_args", "complete", "Server.handle_message",
                                             "Server.handle_request", "Server.handle_modern", "Server.dispatch"}),
          (r'\bsay\("([^"\\]|\\.)*"\s*[%+.]', set()),
+         (r"^\s*(%|\+)", {"notice_sentences", "get_prompt", "run_check"}),
+         (r'^\s*(f?"([^"\\]|\\.)*"\s*[%+.]|f")', {"<module>", "render_context"}),
          (r"resource_page\(|completion_values\(", {"resource_page", "completion_values", "list_resources", "complete"})],
 }
 
@@ -1604,6 +1607,18 @@ def _a_plain_string(node):
     if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mod, ast.Add)):
         return _a_plain_string(node.left) or _a_plain_string(node.right)
     return isinstance(node, ast.JoinedStr) or (isinstance(node, ast.Constant) and isinstance(node.value, str))
+
+
+def test_claim_9_lists_every_name_this_file_uses_from_os():
+    """Claim 9's last check as SECURITY.md prints it (``grep -oE '\\bos\\.\\w+' | sort -u``): the names
+    this file uses from ``os`` are exactly the listed ones, so a new ``os`` call that spawns, writes or
+    removes (``os.posix_spawn``, ``os.rmdir``, ``os.mkfifo`` ...) fails here even where the search's
+    list of such calls has no entry for it."""
+    with open(SERVER, encoding="utf-8") as f:
+        names = sorted(set(re.findall(r"\bos\.\w+", f.read())))
+    with open(os.path.join(HERE, "SECURITY.md"), encoding="utf-8") as f:
+        security = " ".join(f.read().split())
+    assert "→ " + ", ".join("`%s`" % name for name in names) + ":" in security, names
 
 
 def test_each_claim_s_print_line_names_its_places_and_its_size():
@@ -2370,6 +2385,33 @@ def test_api_send_refuses_a_caller_s_authorization_or_host_header(stub):
     for base in ("http://localhost:9", "http://[::1]:9", "https://example.com"):
         settings.base = base
         a4sx_mcp.Api(settings).close()
+
+
+def test_a_watcher_that_cannot_start_fails_its_request_and_not_the_next(stub, monkeypatch):
+    """Claim 5 (walk S): out of threads when the deadline watcher must start, the request is not sent
+    (it would run without a deadline) and fails as a network error; no watcher is left recorded and
+    nothing stays watched, so the next request starts one and is held to its deadline."""
+    api = a4sx_mcp.Api(a4sx_mcp.Settings(stub.base))
+    start = threading.Thread.start
+
+    def out_of_threads(thread):
+        if thread.name == "a4sx-net-watch":
+            raise RuntimeError("can't start new thread")
+        return start(thread)
+
+    try:
+        monkeypatch.setattr(threading.Thread, "start", out_of_threads)
+        with pytest.raises(a4sx_mcp.NetworkError, match="no thread"):
+            api.send("health")
+        assert api.watcher is None and api.watched == {} and stub.requests("GET /healthz") == []
+        monkeypatch.setattr(threading.Thread, "start", start)
+        stub.queue("GET /healthz", stall=True)
+        started = time.monotonic()
+        with pytest.raises(a4sx_mcp.NetworkError, match="did not answer in time"):
+            api.send("health", deadline_s=0.5)
+        assert time.monotonic() - started < 5
+    finally:
+        api.close()
 
 
 def test_redirect_target_is_the_bare_route_path_or_none(stub):
