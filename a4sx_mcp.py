@@ -77,7 +77,9 @@ that shows there is no other place, and the test that proves it:
     ``PARSE_BUDGET`` times its size plus 64 KiB while it is parsed (``_parse``,
     ``parse_within_budget``; CPython 3.11's costs).
 
-Run it as ``a4sx-mcp``, ``python -m a4sx_mcp`` or ``python3 a4sx_mcp.py`` (a copied file works as is).
+Run it as ``a4sx-mcp``, ``python -m a4sx_mcp`` or ``python3 a4sx_mcp.py`` (a copied file works as is);
+in a folder you do not trust, as the console script or by the file's full path: the other two find
+the module through the working directory first.
 """
 
 import os  # os and sys first (built in, already loaded): the working directory leaves sys.path
@@ -686,8 +688,8 @@ class Api:
         sent = {"User-Agent": USER_AGENT, "Accept": "application/json"}
         if data is not None:
             sent["Content-Type"] = "application/octet-stream"
-        if any(str(key).strip().lower() in ("authorization", "host") for key in headers or {}):
-            raise ValueError("Api.send sets Authorization and Host itself")
+        if any(not isinstance(key, str) or key.strip().lower() in ("authorization", "host") for key in headers or {}):
+            raise ValueError("Api.send takes header names as str, never Authorization or Host")
         sent.update(headers or {})
         safe = route.retry == "yes" or (route.retry == "keyed" and "Idempotency-Key" in sent)
         started = time.monotonic()

@@ -1519,7 +1519,11 @@ REVIEW_SEARCHES = {
     13: [(r"LocalSession\(", {"_found"}),
          (r"open_below\(|_opened\(", {"open_below", "_opened", "read_session", "holds_call", "_rollout_cwd"})],
     15: [(r"find_session\(", {"find_session", "tool_publish_local_session"})],
-    16: [(r"parse_within_budget\(|\b_parse\(", {"Api.send", "_parse", "parse_within_budget", "claude_turns",
+    16: [(r"json\.loads\(|parse_record\(", {"_parse", "parse_within_budget", "parse_record", "_read_json",
+                                             "Settings.find_token", "holds_call", "_rollout_cwd", "check_transcript",
+                                             "carries_other_authors_framing", "scrub_worker_main", "ScrubWorker._start",
+                                             "ScrubWorker.scrub", "Server.handle_line", "oversized_id", "<module>"}),
+         (r"parse_within_budget\(|\b_parse\(", {"Api.send", "_parse", "parse_within_budget", "claude_turns",
                                                 "pick_transcript"})],
     14: [(r'\bsay\(([^"]|$)', {"say"}),
          (r"Words\(", {"<module>", "say", "plain_name", "echoed_name", "local_line"}),
@@ -1529,6 +1533,7 @@ REVIEW_SEARCHES = {
                                             "read_resource", "_prompt_args", "complete", "Server.handle_message",
                                             "Server.handle_request", "Server.handle_modern", "Server.dispatch"}),
          (r'\bsay\("([^"\\]|\\.)*"\s*[%+.]', set()),
+         (r'say\("([^"\\]|\\.)*"\s*("|if\b|\[)', set()),
          (r"^\s*(%|\+)", {"notice_sentences", "get_prompt", "run_check"}),
          (r'^\s*(f?"([^"\\]|\\.)*"\s*[%+.]|f")', {"<module>", "render_context"}),
          (r"resource_page\(|completion_values\(", {"resource_page", "completion_values", "list_resources", "complete"})],
@@ -2371,7 +2376,7 @@ def test_api_send_refuses_a_caller_s_authorization_or_host_header(stub):
     loopback server, whatever base it is handed."""
     api = a4sx_mcp.Api(a4sx_mcp.Settings(stub.base))
     try:
-        for name in ("Authorization", "authorization", "Authorization ", " HOST", "Host"):
+        for name in ("Authorization", "authorization", "Authorization ", " HOST", "Host", b"Authorization", 1):
             with pytest.raises(ValueError):
                 api.send("health", headers={name: "x"})
         assert stub.requests() == []
