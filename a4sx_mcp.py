@@ -40,7 +40,7 @@ that shows there is no other place, and the test that proves it:
 4. Everything sent to the network is a route of ``ROUTES``, sent by ``Api.send`` to the configured
    server: the token only on token routes, never on a redirect, never in clear text (``normalize_base``).
 5. Every request has a deadline and an answer cap (``ROUTES``; ``Api._exchange``, ``_read_body``).
-   A DNS lookup that hangs is not bounded.
+   A DNS lookup that hangs is not bounded, nor a connect to each of a name's many addresses.
 6. Everything an author or the API wrote reaches the model inside a nonce envelope it cannot close,
    in both copies of every result: only section 3's builders make a result (``json_result``,
    ``context_result``, ``error_result``, ``framed_error``), through ``envelope`` and
@@ -1313,7 +1313,8 @@ def _frame(clean, rows, dropped, offset, untrusted, hint_next, scale):
     if scale < 1.0:
         clean["truncated"] = True
     hints = {}
-    if not server_value("next_offset", clean.get("next_offset")):  # only a count reaches the hint line
+    count = clean.get("next_offset")
+    if not (isinstance(count, int) and not isinstance(count, bool) and count >= 0):  # only a count reaches a hint
         clean["next_offset"] = None
     if clean.get("next_offset") is not None:
         hints = {"next": hint_next or MORE_RESULTS,
@@ -2427,8 +2428,8 @@ def scrub_transcript(data, title, label, cancel):
 
 
 def transcript_session_id(data):
-    """The SDK's ``session_id_of`` (the first record's ``sessionId``; a Codex CLI rollout has none),
-    asked one candidate line at a time."""
+    """The SDK's ``session_id_of`` (the ``sessionId`` of the first record that has one; a Codex CLI
+    rollout has none), asked one candidate line at a time: the same answer."""
     module = sdk_module("transcript")
     for line in byte_lines(data):  # performance: candidate lines only (the SDK would split the whole upload)
         if b"sessionId" in line or b"\\u" in line:

@@ -1536,7 +1536,8 @@ REVIEW_SEARCHES = {
          (r'say\("([^"\\]|\\.)*"\s*("|if\b|\[)', set()),
          (r"^\s*(%|\+)", {"notice_sentences", "get_prompt", "run_check"}),
          (r'^\s*(f?"([^"\\]|\\.)*"\s*[%+.]|f")', {"<module>", "render_context"}),
-         (r"resource_page\(|completion_values\(", {"resource_page", "completion_values", "list_resources", "complete"})],
+         (r"resource_page\(|completion_values\(", {"resource_page", "completion_values", "list_resources", "complete"}),
+         (r'"uri": params', {"Server.serve_feature"})],
 }
 
 
