@@ -41,8 +41,8 @@ that shows there is no other place, and the test that proves it:
    server: the token only on token routes, never on a redirect, never in clear text (``normalize_base``).
 5. Every request has a deadline and an answer cap (``ROUTES``; ``Api._exchange``, ``_read_body``).
    A DNS lookup that hangs is not bounded, nor a connect to each of a name's many addresses.
-6. Everything an author or the API wrote reaches the model inside a nonce envelope it cannot close,
-   in both copies of every result: only section 3's builders make a result (``json_result``,
+6. In every tool result, everything an author or the API wrote reaches the model inside a nonce
+   envelope it cannot close, in both copies: only section 3's builders make a result (``json_result``,
    ``context_result``, ``error_result``, ``framed_error``), through ``envelope`` and
    ``structured_frame``; ``fenced`` keeps ``<<<`` and ``>>>`` out of every body line itself.
 7. Nothing is published unchecked: ``publish_checked`` runs ``check_transcript`` (each harness's
@@ -1516,7 +1516,6 @@ def api_failure(settings, status, body):
                      status=status)
 
 
-
 # Lists a client shows the model without an envelope (resources/list, completion/complete) carry
 # names only: ids and labels of an id's shape, this file's enum values and fixed texts.
 
@@ -1563,7 +1562,9 @@ def completion_values(candidates, prefix):
     """completion/complete's answer: the id-shaped candidates that start with ``prefix``, at most
     ``MAX_COMPLETIONS`` of them, and how many there are."""
     hits = [c for c in candidates if id_like(c) and c.lower().startswith(prefix.lower())]
-    return {"completion": {"values": hits[:MAX_COMPLETIONS], "total": len(hits), "hasMore": len(hits) > MAX_COMPLETIONS}}
+    return {"completion": {"values": hits[:MAX_COMPLETIONS], "total": len(hits),
+                           "hasMore": len(hits) > MAX_COMPLETIONS}}
+
 
 # =============================================================================================
 # 4. Transcripts and the taint rule: what publishing accepts and marks; the renderer (claims 7, 8, 16)
