@@ -2838,6 +2838,23 @@ def test_only_the_route_table_opens_sockets(spawn, stub, token, tmp_path):
                                                     and request["path"].startswith(path)) for method, path in table)
 
 
+def test_the_tls_context_is_python_s_default_without_the_key_log(monkeypatch, tmp_path):
+    """``ssl_context`` is what ``ssl.create_default_context()`` makes (certificates and hostnames
+    checked, the same options, versions, flags, trust store and ciphers) except that it never opens
+    ``$SSLKEYLOGFILE``, which the default one would."""
+    import ssl
+
+    keylog = tmp_path / "keys.log"
+    monkeypatch.setenv("SSLKEYLOGFILE", str(keylog))
+    monkeypatch.setattr(a4sx_mcp, "_ssl_context", None)
+    ours, default = a4sx_mcp.ssl_context(), ssl.create_default_context()
+    for name in ("verify_mode", "check_hostname", "options", "minimum_version", "maximum_version", "verify_flags",
+                 "post_handshake_auth"):
+        assert getattr(ours, name) == getattr(default, name), name
+    assert ours.get_ca_certs() == default.get_ca_certs() and ours.get_ciphers() == default.get_ciphers()
+    assert ours.keylog_filename is None and default.keylog_filename == str(keylog)
+
+
 def test_the_tls_context_is_warmed_after_the_handshake_without_a_request(monkeypatch):
     connects = []
     monkeypatch.setattr(a4sx_mcp, "_ssl_context", None)
