@@ -1615,6 +1615,16 @@ def _a_plain_string(node):
     return isinstance(node, ast.JoinedStr) or (isinstance(node, ast.Constant) and isinstance(node.value, str))
 
 
+def test_every_test_security_md_names_exists():
+    """SECURITY.md's "Proof" names are tests of this file: a renamed or removed test fails here
+    instead of leaving a reviewer a proof that does not exist."""
+    with open(os.path.join(HERE, "SECURITY.md"), encoding="utf-8") as f:
+        named = set(re.findall(r"`(test_\w+)(?:\[[^\]]*\])?`", f.read()))
+    with open(__file__, encoding="utf-8") as f:
+        source = f.read()
+    assert len(named) > 50 and not [n for n in sorted(named) if "\ndef %s(" % n not in source]
+
+
 def test_claim_9_lists_every_name_this_file_uses_from_os():
     """Claim 9's last check as SECURITY.md prints it (``grep -oE '\\bos\\.\\w+' | sort -u``): the names
     this file uses from ``os`` are exactly the listed ones, so a new ``os`` call that spawns, writes or
