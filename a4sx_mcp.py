@@ -3653,8 +3653,8 @@ def complete(ctx, ref, argument):
 
 
 def library_values(ctx, fields):
-    """Ids (and labels) from the library that a tool accepts as an id: identifier-shaped strings
-    only, so no author prose ever reaches a picker outside an envelope. Signed out or failing: none."""
+    """The library's ids (and labels), each once, as candidates for ``completion_values``, which
+    keeps the id-shaped ones. Signed out or failing: none."""
     try:
         rows = ctx.server.library_cache.rows_for(ctx)
     except ToolError:
@@ -3663,7 +3663,7 @@ def library_values(ctx, fields):
     for field in fields:
         for row in rows:
             value = row.get(field)
-            if id_like(value) and value not in seen:
+            if isinstance(value, str) and value not in seen:
                 seen.add(value)
                 out.append(value)
     return out
