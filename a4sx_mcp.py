@@ -237,6 +237,8 @@ FILES = (
 # (section 5), through no link below those folders and never a file of another user.
 SESSION_FILES = (
     ("Claude Code", "$CLAUDE_CONFIG_DIR/projects/<folder>/<session id>.jsonl (default ~/.claude/projects)"),
+    ("Claude Code subagents", "<folder>/<session id>/subagents/agent-<id>.jsonl (2.1), <folder>/agent-<id>.jsonl "
+     "(2.0): read for the taint rule, not uploaded"),
     ("Codex CLI", "$CODEX_HOME/sessions/<yyyy>/<mm>/<dd>/rollout-<time>-<session id>.jsonl (default ~/.codex)"),
 )
 
@@ -1667,13 +1669,14 @@ def check_transcript(data):
 # --- the taint rule: the one place that decides a publish's ``untrusted`` (claim 8) ---------------
 
 
-def publish_taint(ctx, lineage, framed, parent_row, collection, rows, deduped):
+def publish_taint(ctx, lineage, framed, parent_row, collection, rows, deduped, earlier=()):
     """The one rule for a publish's ``untrusted`` (SECURITY.md claim 8), decided after the upload: the
     SDK's lineage record (its mark or its parent's taint), this server's framing of another author's
-    session in the transcript (``framed``), the named parent's taint, or that of ``collection``, the
-    entry the upload went into. ``rows``: the library as listed before the upload; a deduplicated
-    upload with none lists it now (failing: untrusted). Not caught: a parent or entry missing from
-    the listing counts as trusted."""
+    session in the transcript or in the session's other files (``framed``: its subagents', the
+    earlier session a continued file carries on), the named parent's taint, that of ``collection``,
+    the entry the upload went into, or of ``earlier``, the entries that earlier session was saved
+    to. ``rows``: the library as listed before the upload; a deduplicated upload with none lists it
+    now (failing: untrusted). Not caught: a parent or entry missing from the listing counts as trusted."""
     if deduped and not rows:
         try:
             rows = ctx.library()
@@ -1687,7 +1690,7 @@ def publish_taint(ctx, lineage, framed, parent_row, collection, rows, deduped):
         return isinstance(cid, str) and cid in by_id and untrusted_of(by_id[cid])
 
     return (bool(lineage.get("untrusted")) or framed or bool(parent_row and untrusted_of(parent_row))
-            or tainted(lineage.get("parent_cid")) or tainted(collection))
+            or tainted(lineage.get("parent_cid")) or tainted(collection) or any(tainted(c) for c in earlier))
 
 
 # This server's envelope for another author's content, as a harness records it in a tool result:
@@ -1985,11 +1988,13 @@ def render_context(title, turns, max_tokens, untrusted, loaded=""):
 # path); a link below a root is never followed (``open_below`` opens one folder at a time with
 # O_NOFOLLOW); a FIFO or device is opened without blocking and refused, and so is a file of another
 # user or one with a second hard link (it could be any file); a partial last line (the client is still
-# writing it) is left out.
+# writing it) is left out. A session's other files (its subagents', the earlier session a continued
+# file carries on) are found and read the same way, for the taint rule only (``session_parts``).
 
 LOCAL_ID_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"  # a local session id: letters, digits, - and _: no path
 LOCAL_ID = re.compile(LOCAL_ID_PATTERN[1:-1] + r"\Z")
 _CLAUDE_FILE = re.compile(r"(?!agent-)([A-Za-z0-9][A-Za-z0-9_-]{0,127})\.jsonl\Z")  # not 2.0's subagent files
+_AGENT_FILE = re.compile(r"agent-([A-Za-z0-9][A-Za-z0-9_-]{0,127})\.jsonl\Z")  # a subagent's (Task tool) file
 _CODEX_FILE = re.compile(r"rollout-\d{4}-\d\d-\d\dT\d\d-\d\d-\d\d-([A-Za-z0-9][A-Za-z0-9_-]{0,127})\.jsonl\Z")
 _DATE_FOLDERS = (re.compile(r"\d{4}\Z"), re.compile(r"\d\d\Z"), re.compile(r"\d\d\Z"))
 TURN_WAIT_S = 5.0       # how long the client may take to write the turn that holds the call
@@ -2002,11 +2007,12 @@ SHOWN_SESSIONS = 5      # sessions listed (id, time, size) when the current one 
 class LocalSession:
     """A session file on this machine: its harness, id, the names below its root, size and time."""
 
-    __slots__ = ("harness", "id", "root", "parts", "size", "mtime")
+    __slots__ = ("harness", "id", "root", "parts", "size", "mtime", "call")
 
     def __init__(self, harness, session_id, root, parts, status):
         self.harness, self.id, self.root, self.parts = harness, session_id, root, tuple(parts)
         self.size, self.mtime = status.st_size, status.st_mtime
+        self.call = None  # the call id it was found by (``find_session``): the bytes read must hold it
 
     def path(self):
         return os.path.join(self.root, *self.parts)
@@ -2059,10 +2065,15 @@ def local_sessions(roots, harness=None):
     return sorted(out, key=lambda s: s.mtime, reverse=True)
 
 
+class NotRegular(OSError):
+    """The node named is no regular file: it was not opened."""
+
+
 def open_below(root, parts):
     """A read-only descriptor of ``root/parts[0]/...``. On POSIX each name is opened relative to the
     folder above it with O_NOFOLLOW, so no link below ``root`` is followed, not even one put there
-    after the listing; O_NONBLOCK, so opening a FIFO does not wait for a writer."""
+    after the listing; the last name's type is looked at first (no link followed), so a FIFO or a
+    device is not opened; O_NONBLOCK, so one swapped in between does not wait for a writer."""
     if os.open not in os.supports_dir_fd or not hasattr(os, "O_NOFOLLOW"):  # Windows: names, checked one by one
         for index in range(1, len(parts) + 1):
             if os.path.islink(os.path.join(root, *parts[:index])):
@@ -2071,7 +2082,11 @@ def open_below(root, parts):
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     try:
         for index, name in enumerate(parts):
-            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | (os.O_DIRECTORY if index < len(parts) - 1 else 0)
+            last = index == len(parts) - 1
+            if last and os.stat in os.supports_dir_fd and not stat.S_ISREG(
+                    os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                raise NotRegular()  # a FIFO or device is never opened (one swapped in after this is refused)
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | (0 if last else os.O_DIRECTORY)
             below = os.open(name, flags, dir_fd=fd)
             os.close(fd)
             fd = below
@@ -2096,6 +2111,9 @@ def _opened(session):
     """``(file, status)`` of a session file that passed ``_file_problem``; ToolError otherwise."""
     try:
         handle = os.fdopen(open_below(session.root, session.parts), "rb")
+    except NotRegular:
+        raise ToolError("session_unreadable", say("The session file was not read: %s. Nothing was sent.",
+                                                  say("it is not a regular file"))) from None
     except OSError:
         raise ToolError("session_unreadable", say("The session file could not be opened without following a link (it "
                                                   "may be gone, or a link leads to it). Nothing was sent.")) from None
@@ -2140,7 +2158,8 @@ def is_the_call(record, harness, call_id):
 
 def holds_call(session, call_id):
     """True when a complete line in the file's last ``TAIL_BYTES`` is the client's record of the
-    tool call ``call_id`` (``is_the_call``): the calling turn is on disk."""
+    tool call ``call_id`` (``is_the_call``): the calling turn is on disk. (A quick look while
+    polling: the bytes read for the upload are checked again, ``call_in``.)"""
     try:
         handle, status = _opened(session)
     except ToolError:
@@ -2149,17 +2168,142 @@ def holds_call(session, call_id):
         start = max(0, status.st_size - TAIL_BYTES)
         handle.seek(start)
         tail = handle.read(TAIL_BYTES)
+    return call_in(tail, session.harness, call_id, first_line_whole=start == 0)
+
+
+def call_in(data, harness, call_id, first_line_whole=True):
+    """True when a complete line of ``data`` is the client's record of the tool call ``call_id``."""
     needle, at = call_id.encode(), 0
     while True:
-        at = tail.find(needle, at)
-        end = tail.find(b"\n", at) if at >= 0 else -1
+        at = data.find(needle, at)
+        end = data.find(b"\n", at) if at >= 0 else -1
         if end < 0:
             return False
-        line_start = tail.rfind(b"\n", 0, at) + 1
-        if (line_start > 0 or start == 0) and is_the_call(  # a whole line: the first may be cut by the tail
-                parse_record(tail[line_start:end].decode("utf-8", "replace")), session.harness, call_id):
+        line_start = data.rfind(b"\n", 0, at) + 1
+        if (line_start > 0 or first_line_whole) and is_the_call(  # a whole line: a tail's first may be cut
+                parse_record(data[line_start:end].decode("utf-8", "replace")), harness, call_id):
             return True
         at = end
+
+
+def first_session_id(data):
+    """The ``sessionId`` of the first record that has one (the SDK's ``session_id_of`` rule), or None."""
+    for line in byte_lines(data):
+        if b"sessionId" in line or b"\\u" in line:  # candidate lines only (an escape can spell the key)
+            record = parse_record(line.decode("utf-8", "replace"))
+            if isinstance(record, dict) and isinstance(record.get("sessionId"), str) and record["sessionId"]:
+                return record["sessionId"]
+    return None
+
+
+# --- a session's other files: its subagents' and the earlier session it continues (claim 8) -----
+# Claude Code runs a subagent (the Task tool) in a file of its own: 2.1 in
+# ``<folder>/<session id>/subagents/agent-<id>.jsonl``, 2.0 in ``<folder>/agent-<id>.jsonl`` (whose
+# records carry the session's id); 1.0's ``--continue`` writes a new file whose records carry the
+# earlier session's id. They are part of the session: read for the taint rule (like ``a4sx push``,
+# only the session file itself is uploaded: the push takes one JSONL transcript per version).
+
+AGENT_HEAD_BYTES = 64 * KiB  # a 2.0 subagent file's owner is read from its first lines
+
+
+def _session_named(root, folder, session_id):
+    """The Claude Code session file ``<folder>/<session_id>.jsonl`` as listed (compared with the
+    names the folder holds), or None."""
+    for entry in _entries(os.path.join(root, folder)):
+        if entry.name == session_id + ".jsonl":
+            return _found("claude-code", _CLAUDE_FILE, root, (folder,), entry)
+    return None
+
+
+def subagent_files(root, folder, ids=None):
+    """The subagent files of a Claude Code project folder, as ``(file, owner)``: 2.1's below
+    ``<session id>/subagents/`` (owner: that id; only the ids in ``ids`` unless None), 2.0's beside
+    the sessions (owner None: it is in its records)."""
+    out = []
+    for entry in _entries(os.path.join(root, folder)):
+        if entry.is_dir(follow_symlinks=False):
+            if (ids is None and LOCAL_ID.match(entry.name)) or (ids is not None and entry.name in ids):
+                for below in _entries(entry.path):
+                    if below.name == "subagents" and below.is_dir(follow_symlinks=False):
+                        names = (folder, entry.name, below.name)
+                        out += [(s, entry.name) for s in (_found("claude-code", _AGENT_FILE, root, names, e)
+                                                          for e in _entries(below.path)) if s]
+        else:
+            found = _found("claude-code", _AGENT_FILE, root, (folder,), entry)
+            if found:
+                out.append((found, None))
+    return out
+
+
+def _part_owner(handle):
+    """A 2.0 subagent file's session: the first sessionId in its first complete lines."""
+    head = handle.read(AGENT_HEAD_BYTES)
+    handle.seek(0)
+    return first_session_id(head[:head.rfind(b"\n") + 1])
+
+
+def _read_part(part, ids, owner, cap):
+    """A session's other file, read like the session file (``_opened``, up to ``cap``, complete lines):
+    its bytes; None when it is not of the sessions ``ids`` (a 2.0 subagent file, ``owner`` None, whose
+    records say another); "unread" when it is (or may be) theirs but could not be read."""
+    try:
+        handle, status = _opened(part)
+    except ToolError:
+        return None if owner is None else "unread"
+    with handle:
+        if owner is None and _part_owner(handle) not in ids:
+            return None
+        data = handle.read(cap + 1) if status.st_size <= cap else b""
+    if status.st_size > cap or len(data) > cap:
+        return "unread"
+    return data[:data.rfind(b"\n") + 1]
+
+
+def session_parts(session, data, cap, call_id=None):
+    """What the taint rule must also see of a Claude Code session whose file holds ``data``: its
+    subagents' files and, when its records carry an earlier session's id (a continued file), that
+    session's file and its subagents' files, each read under the same rules (``_read_part``); a part
+    that is the session's but cannot be read counts as framed (fail closed). ``{"subagents": count,
+    "unread": count, "framed": bool, "earlier": that id or None, "call_in_subagent": bool}``."""
+    out = {"subagents": 0, "unread": 0, "framed": False, "earlier": None, "call_in_subagent": False}
+    if session.harness != "claude-code":
+        return out
+    root, folder = session.root, session.parts[0]
+    carried, ids = first_session_id(data), {session.id}
+    parts = []
+    if carried and carried != session.id and LOCAL_ID.match(carried):
+        out["earlier"] = carried
+        ids.add(carried)
+        earlier = _session_named(root, folder, carried)
+        parts += [(earlier, carried, False)] if earlier else []
+    parts += [(part, owner, True) for part, owner in subagent_files(root, folder, ids)]
+    for part, owner, subagent in parts:
+        read = _read_part(part, ids, owner, cap)
+        if read is None:
+            continue
+        out["subagents"] += subagent
+        if read == "unread":
+            out["unread"] += 1
+            out["framed"] = True
+            continue
+        out["framed"] = out["framed"] or carries_other_authors_framing(read)
+        if subagent and call_id and not out["call_in_subagent"]:
+            out["call_in_subagent"] = call_in(read, "claude-code", call_id)
+    return out
+
+
+def subagent_owner(part, owner):
+    """The session file a subagent file belongs to (2.1: named by its folder; 2.0: by its records), or None."""
+    if owner is None:
+        try:
+            handle, _ = _opened(part)
+        except ToolError:
+            return None
+        with handle:
+            owner = _part_owner(handle)
+    if not isinstance(owner, str) or not LOCAL_ID.match(owner):
+        return None
+    return _session_named(part.root, part.parts[0], owner)
 
 
 class NoSession(Exception):
@@ -2235,7 +2379,17 @@ def find_session(settings, wanted, meta, cancel):
                 if session.mtime >= started - RECENT_S and checked.get(session.parts) != seen:
                     checked[session.parts] = seen
                     if holds_call(session, tool_use):
+                        session.call = tool_use
                         return session, "claudecode/toolUseId"
+            for folder in {s.parts[0] for s in sessions if s.mtime >= started - RECENT_S}:  # from a subagent
+                for part, owner in subagent_files(roots["claude-code"], folder):
+                    seen = (part.size, part.mtime)
+                    if part.mtime >= started - RECENT_S and checked.get(part.parts) != seen:
+                        checked[part.parts] = seen
+                        session = holds_call(part, tool_use) and subagent_owner(part, owner)
+                        if session:
+                            session.call = tool_use
+                            return session, "claudecode/toolUseId"
         raise NoSession(say("No Claude Code transcript on this machine holds this call (its tool use id) after %d s: "
                             "session persistence may be off. Pass session=<id> to save one of these.", TURN_WAIT_S),
                         project_sessions(settings, local_sessions(roots)))
@@ -2243,6 +2397,7 @@ def find_session(settings, wanted, meta, cancel):
         for sessions in _polled(roots, "codex-cli", cancel):  # its rollout, once it holds this call
             found = [s for s in sessions if s.id == codex_id and (call_id is None or holds_call(s, call_id))]
             if found:
+                found[0].call = call_id
                 return found[0], "x-codex-turn-metadata"
         raise NoSession(say("Codex CLI named this session, but no rollout of it holding this call was written on "
                             "this machine within %d s (is $CODEX_HOME set for Codex but not in this server's "
@@ -3230,24 +3385,35 @@ def tool_publish_local_session(ctx, args):
     held = [read_session(session, ctx.settings.max_local_bytes)]
     size = len(held[0])
     ctx.holding(size)
+    parts = session_parts(session, held[0], ctx.settings.max_local_bytes, session.call)
+    if session.call and not (parts["call_in_subagent"] or call_in(held[0], session.harness, session.call)):
+        raise ToolError("session_unreadable", say("The session file changed after it was found: the bytes read no "
+                                                  "longer hold this call. Nothing was sent."))
     key = "%s:%s" % (session.harness, session.id)
     try:
         into = saved_entry(ctx.settings.base, key)
+        earlier = [saved_entry(ctx.settings.base, "claude-code:" + parts["earlier"])] if parts["earlier"] else []
     except SdkMissing:
-        into = None  # publish_checked says what is missing
-    result = publish_checked(ctx, held, args, into=into, local=True)
+        into, earlier = None, []  # publish_checked says what is missing
+    result = publish_checked(ctx, held, args, into=into, local=True, also=(parts["framed"], [e for e in earlier if e]))
     try:
         record_saved(ctx.settings.base, key, result["library_id"])
     except Exception:  # noqa: BLE001 - saved all the same: a later save makes a new entry, not a version
         log("warning", "could not record where the local session was saved")
-    result["local_session"] = dict(session.describe(), bytes_read=size, found_by=how)
+    result["local_session"] = dict(session.describe(), bytes_read=size, found_by=how,
+                                   subagents={"files": parts["subagents"], "uploaded": False,
+                                              "unreadable": parts["unread"], "holds_the_call": parts["call_in_subagent"]})
+    if parts["earlier"]:
+        result["local_session"]["continues"] = parts["earlier"]  # (id-shaped: LOCAL_ID)
     return json_result(result, result["untrusted"], "saved", hint_next=SAVED_NEXT)
 
 
-def publish_checked(ctx, held, args, into=None, local=False):
+def publish_checked(ctx, held, args, into=None, local=False, also=(False, ())):
     """Steps 4 to 12 of the spec's publish pipeline on a transcript's bytes (``held``, emptied so they
     are freed once scrubbed): the check, the rate limit, the scrub, lineage and taint, the private
-    upload (``into``: a new version of that entry, if still listed). The result's fields."""
+    upload (``into``: a new version of that entry, if still listed). ``also``: what the taint rule
+    sees of the session's other files (``session_parts``): framed, and entries its earlier part
+    was saved to. The result's fields."""
     data = held.pop()
     problem = check_transcript(data)
     if problem:
@@ -3258,7 +3424,7 @@ def publish_checked(ctx, held, args, into=None, local=False):
         raise ToolError("rate_limited", say("Too many publish calls; try again in %d s.", wait), retry_after_s=wait)
     if ctx.cancel.is_set():
         raise Cancelled()
-    framed = carries_other_authors_framing(data)
+    framed = also[0] or carries_other_authors_framing(data)
     try:
         lineage = read_lineage(transcript_session_id(data)) or {}  # from the bytes as written, not scrubbed
         with Ticker(ctx, say("scrubbing %s on this machine", _size(len(data)))):
@@ -3270,7 +3436,7 @@ def publish_checked(ctx, held, args, into=None, local=False):
         raise Cancelled()
     title, label = (texts.get(k, (None, {}))[0] for k in ("title", "label"))
     text_redactions = sum(sum(texts.get(k, (None, {}))[1].values()) for k in ("title", "label"))
-    rows = ctx.library() if args.get("parent") or label or lineage.get("parent_cid") or into else []
+    rows = ctx.library() if args.get("parent") or label or lineage.get("parent_cid") or into or also[1] else []
     if into and not any(row.get("id") == into for row in rows):
         into = None  # the entry it was saved to is gone: a new one
     parent, parent_row = publish_parent(args.get("parent"), None if into else lineage, rows)
@@ -3279,7 +3445,8 @@ def publish_checked(ctx, held, args, into=None, local=False):
                "X-Content-SHA256": lazy("hashlib").sha256(upload).hexdigest()}
     params = {"label": label, "title": title, "parent": parent, "into": into, "client_scrub": "full"}
     collection, body = push_with_retries(ctx, upload, params, headers)
-    untrusted = publish_taint(ctx, lineage, framed, parent_row, collection, rows, body.get("deduped") is True)
+    untrusted = publish_taint(ctx, lineage, framed, parent_row, collection, rows, body.get("deduped") is True,
+                              earlier=also[1])
     if untrusted:
         try:
             mark_untrusted(ctx.settings.base, collection)

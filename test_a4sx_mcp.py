@@ -20,6 +20,7 @@ import secrets
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import textwrap
@@ -4728,6 +4729,41 @@ def test_the_testdata_are_real_transcripts_of_every_client_version():
             "token_usage_record"} <= types, sorted(types)
 
 
+REAL_LAYOUTS = sorted(p for p in TESTDATA.iterdir() if p.is_dir())
+
+
+def test_the_testdata_layouts_are_the_clis_own():
+    """The subagent and continued-session folders (whole projects/ folders the CLIs wrote): described
+    in the README, each file a transcript, and the layouts section 5 reads: 2.1's
+    <session id>/subagents/agent-*.jsonl, 2.0's agent-*.jsonl whose records carry the session's id,
+    1.0's continued file whose records carry the earlier session's id."""
+    described = (TESTDATA / "README-claude-code.txt").read_text()
+    assert {p.name for p in REAL_LAYOUTS} == {"claude-code-2.1.332-subagent", "claude-code-2.1.332-subagent-save",
+                                              "claude-code-2.0.77-subagent", "claude-code-2.0.77-subagent-save",
+                                              "claude-code-1.0.128-continued-framed"}
+    for layout in REAL_LAYOUTS:
+        assert layout.name + "/ |" in described, layout.name
+        folder, = layout.iterdir()
+        for path in folder.rglob("*.jsonl"):
+            assert a4sx_mcp.check_transcript(path.read_bytes()) is None, path
+        mains = [p for p in folder.glob("*.jsonl") if not p.name.startswith("agent-")]
+        agents = [p.relative_to(folder).parts for p in folder.rglob("agent-*.jsonl")]
+        if "2.1.332" in layout.name:
+            assert len(mains) == 1 and agents and all(a[:2] == (mains[0].stem, "subagents") for a in agents)
+        elif "2.0.77" in layout.name:
+            assert len(mains) == 1 and len(agents) == 4 and all(len(a) == 1 for a in agents)
+            for agent in folder.glob("agent-*.jsonl"):
+                records = [json.loads(line) for line in agent.read_bytes().splitlines()]
+                assert {r["sessionId"] for r in records} == {mains[0].stem}
+                assert all(r["isSidechain"] is True for r in records)
+        else:
+            assert len(mains) == 2 and agents == []
+            continued, = [p for p in mains if p.read_bytes().startswith(b'{"type":"summary"')]
+            earlier, = [p for p in mains if p != continued]
+            for path, carried in ((earlier, {earlier.stem}), (continued, {None, earlier.stem})):
+                assert {json.loads(line).get("sessionId") for line in path.read_bytes().splitlines()} == carried
+
+
 @pytest.mark.parametrize("path", REAL_TRANSCRIPTS, ids=[p.name for p in REAL_TRANSCRIPTS])
 def test_publish_accepts_the_real_transcripts(mcp, stub, token, path):
     data = path.read_bytes()
@@ -5387,6 +5423,189 @@ def test_local_session_that_loaded_another_authors_session_is_saved_untrusted(sp
     assert not is_error and saved["untrusted"] is True, saved
     marked = json.loads((env["cfg"] / "untrusted.json").read_text())
     assert saved["library_id"] in marked[stub.base]
+
+
+# Claude Code's subagents (the Task tool) and 1.0's continued files, as the real CLIs wrote them
+# (testdata/README-claude-code.txt): laid out in a CLAUDE_CONFIG_DIR as they were written.
+
+
+def cc_layout(tmp_path, case):
+    """``(config dir, project folder, main session id)`` of ``testdata/<case>/`` copied as the CLI's
+    ``projects`` folder (mtimes: now, as for files just written)."""
+    config = tmp_path / "claude-config"
+    shutil.copytree(str(TESTDATA / case), str(config / "projects"), copy_function=shutil.copyfile)
+    folder, = (config / "projects").iterdir()
+    mains = sorted(p for p in folder.glob("*.jsonl") if not p.name.startswith("agent-"))
+    return config, folder, mains
+
+
+def cc_layout_env(config, folder):
+    return {"CLAUDE_CONFIG_DIR": str(config), "CLAUDE_PROJECT_DIR": "/tmp/" + folder.name[len("-tmp-"):]}
+
+
+def _subagent_call(folder):
+    """The tool use id of the subagent's publish_local_session call, from its file."""
+    for path in folder.rglob("agent-*.jsonl"):
+        for line in path.read_bytes().splitlines():
+            record = json.loads(line)
+            for block in _list_of((record.get("message") or {}).get("content")):
+                if block.get("type") == "tool_use" and block.get("name") == "mcp__a4sx__publish_local_session":
+                    return path, block["id"]
+    raise AssertionError("no publish_local_session call in a subagent file")
+
+
+def _list_of(value):
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
+SUBAGENT_CASES = {"claude-code-2.0.77-subagent": 4, "claude-code-2.1.332-subagent": 1}  # 2.0: 3 "Warmup" ones too
+
+
+@pytest.mark.parametrize("case", sorted(SUBAGENT_CASES))
+def test_local_session_whose_subagent_loaded_another_authors_session_is_saved_untrusted(
+        spawn, stub, token, env, tmp_path, case):
+    """The main file holds only the subagent's summary; the subagent's file (2.0: beside it, owned by
+    its records' sessionId; 2.1: <session id>/subagents/) holds the framed fetch: untrusted. The
+    subagent files are read for the rule, not uploaded (as `a4sx push`)."""
+    config, folder, (main,) = cc_layout(tmp_path, case)
+    data = main.read_bytes()
+    assert not a4sx_mcp.carries_other_authors_framing(data)  # the main file alone looks trusted
+    proc = spawn(extra_env=cc_layout_env(config, folder))
+    saved, _, is_error = local_save(proc, {"session": main.stem})
+    assert not is_error and saved["untrusted"] is True, saved
+    assert saved["local_session"]["subagents"] == {"files": SUBAGENT_CASES[case], "uploaded": False,
+                                                   "unreadable": 0, "holds_the_call": False}, saved
+    assert len(stub.pushes) == 1 and stub.pushes[0]["body"] == a4sx_scrubbed(data)  # the session file only
+    marked = json.loads((env["cfg"] / "untrusted.json").read_text())
+    assert saved["library_id"] in marked[stub.base]
+
+
+@pytest.mark.parametrize("case", ["claude-code-2.0.77-subagent-save", "claude-code-2.1.332-subagent-save"])
+def test_local_session_called_from_a_subagent_saves_its_session_untrusted(spawn, stub, token, env, tmp_path, case):
+    """The call's tool use id is in the subagent's file, not the session's: that file is found, and
+    the session it belongs to is saved, untrusted (the subagent loaded another author's session)."""
+    config, folder, (main,) = cc_layout(tmp_path, case)
+    agent, use = _subagent_call(folder)
+    assert use.encode() not in main.read_bytes()
+    proc = spawn(extra_env=cc_layout_env(config, folder))
+    saved, _, is_error = local_save(proc, meta={"claudecode/toolUseId": use})
+    assert not is_error, saved
+    assert saved["local_session"]["id"] == main.stem and saved["local_session"]["found_by"] == "claudecode/toolUseId"
+    assert saved["local_session"]["subagents"]["holds_the_call"] is True, saved
+    assert saved["untrusted"] is True
+    assert len(stub.pushes) == 1 and stub.pushes[0]["body"] == a4sx_scrubbed(main.read_bytes())
+
+
+def test_local_session_continued_file_is_tainted_when_its_earlier_session_was_framed(spawn, stub, token, env, tmp_path):
+    """Claude Code 1.0 --continue: a new file whose records carry the earlier session's id. Tainted when
+    that session's file (beside it) carries the framing."""
+    config, folder, mains = cc_layout(tmp_path, "claude-code-1.0.128-continued-framed")
+    continued, = [p for p in mains if p.read_bytes().startswith(b'{"type":"summary"')]
+    earlier, = [p for p in mains if p != continued]
+    assert json.loads(continued.read_bytes().splitlines()[1])["sessionId"] == earlier.stem
+    assert not a4sx_mcp.carries_other_authors_framing(continued.read_bytes())
+    proc = spawn(extra_env=cc_layout_env(config, folder))
+    saved, _, is_error = local_save(proc, {"session": continued.stem})
+    assert not is_error and saved["untrusted"] is True, saved
+    assert saved["local_session"]["continues"] == earlier.stem
+    assert stub.pushes[-1]["body"] == a4sx_scrubbed(continued.read_bytes())
+
+
+def test_local_session_continued_file_is_tainted_when_its_earlier_session_was_saved_untrusted(
+        spawn, stub, token, env, tmp_path):
+    """The earlier session's file gone (or never on this machine): the entry it was saved to
+    (saved-sessions.json) is another author's, so the continued file is saved untrusted; trusted when
+    nothing says so."""
+    stub_server.seed_demo(stub)
+    only = tmp_path / "only"
+    project = only / "projects" / "-tmp-cc-proj-c46888d8"
+    project.mkdir(parents=True)
+    real = (TESTDATA / "claude-code-1.0.128-continued.jsonl").read_bytes()
+    (project / "0c0e6d35-0d6c-4f59-9d8c-1c2a2c1a0a01.jsonl").write_bytes(real)
+    old = json.loads(real.splitlines()[1])["sessionId"]
+    proc = spawn(extra_env=cc_layout_env(only, project))
+    plain, _, is_error = local_save(proc, {"session": "0c0e6d35-0d6c-4f59-9d8c-1c2a2c1a0a01"})
+    assert not is_error and plain["untrusted"] is False, plain
+    (env["cfg"] / "saved-sessions.json").write_text(json.dumps({stub.base: {"claude-code:" + old: "lib-demo-acquired"}}))
+    (project / "0c0e6d35-0d6c-4f59-9d8c-1c2a2c1a0a01.jsonl").unlink()
+    (project / "5d1f0a77-3b7e-4c1e-9a57-6e2f8c0b9d02.jsonl").write_bytes(real)
+    tainted, _, is_error = local_save(proc, {"session": "5d1f0a77-3b7e-4c1e-9a57-6e2f8c0b9d02"})
+    assert not is_error and tainted["untrusted"] is True, tainted
+    assert tainted["local_session"]["continues"] == old
+
+
+SWAP_HOOK = r'''
+import os
+_real_open = os.open
+_name, _target, _swap, _moved = (os.environ[k] for k in ("SWAP_NAME", "SWAP_TARGET", "SWAP_FROM", "SWAP_MOVED"))
+
+
+def _open_then_swap(path, flags, mode=0o777, *, dir_fd=None):
+    """The first open of the session file is followed by two same-user renames: it moves out of the
+    folder (so the descriptor's file keeps its one link) and another file takes its name."""
+    fd = _real_open(path, flags, mode, dir_fd=dir_fd)
+    if os.path.basename(os.fsdecode(path)) == _name and os.path.exists(_swap):
+        os.rename(_target, _moved)
+        os.rename(_swap, _target)
+    return fd
+
+
+os.open = _open_then_swap
+os.supports_dir_fd.add(_open_then_swap)
+'''
+
+
+def test_local_session_swapped_after_it_was_found_is_not_uploaded_as_the_callers(spawn, stub, token, env, tmp_path):
+    """A same-user process renames another file over the session file right after the server first
+    opens it (found by the call's tool use id): the bytes read for the upload must hold the call, so
+    the swapped-in file is not uploaded as the caller's session."""
+    use = new_tool_use_id()
+    sid, path = claude_session(env, [claude_record("user", "the caller's session"), calling_turn(use)])
+    swap = tmp_path / "swap.jsonl"
+    swap.write_bytes(claude_jsonl([claude_record("user", "another file, put there by a rename", session_id=sid)]))
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(GUARD_CODE + SWAP_HOOK)  # (the offline guard stays in)
+    proc = spawn(extra_env={"PYTHONPATH": os.pathsep.join([str(hook), os.environ["PYTHONPATH"]]),
+                            "SWAP_NAME": path.name, "SWAP_TARGET": str(path), "SWAP_FROM": str(swap),
+                            "SWAP_MOVED": str(tmp_path / "moved.jsonl")})
+    refused, text, is_error = local_save(proc, meta={"claudecode/toolUseId": use})
+    assert not swap.exists(), "the hook did not swap"
+    assert is_error and refused["error"] == "session_unreadable" and "no longer hold this call" in text, text
+    assert stub.pushes == []
+
+
+def test_local_session_a_fifo_or_device_named_like_a_session_is_never_opened(env, tmp_path):
+    """A node swapped in after the listing is looked at before it is opened: a FIFO with a writer
+    waiting is never opened (the writer stays blocked), a device neither (root only)."""
+    sid, path = claude_session(env, [claude_record("user", "listed")])
+    roots = a4sx_mcp.session_roots({"CLAUDE_CONFIG_DIR": "", "CODEX_HOME": ""})
+    session, = a4sx_mcp.local_sessions(roots)
+    path.unlink()
+    os.mkfifo(str(path))
+    opened = threading.Event()
+
+    def writer():
+        fd = os.open(str(path), os.O_WRONLY)  # returns once a reader has opened the FIFO
+        opened.set()
+        os.close(fd)
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    with pytest.raises(a4sx_mcp.ToolError) as refused:
+        a4sx_mcp.read_session(session, 1 << 20)
+    assert "not a regular file" in refused.value.message
+    assert a4sx_mcp.holds_call(session, new_tool_use_id()) is False
+    assert not opened.wait(1.0), "the server opened the FIFO"
+    release = os.open(str(path), os.O_RDONLY | os.O_NONBLOCK)
+    thread.join(5)
+    os.close(release)
+    if os.getuid() == 0:  # a device node (needs root to make one): /dev/null's numbers
+        path.unlink()
+        os.mknod(str(path), 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+        with pytest.raises(a4sx_mcp.ToolError) as refused:
+            a4sx_mcp.read_session(session, 1 << 20)
+        assert "not a regular file" in refused.value.message
 
 
 def test_local_session_saved_again_is_a_new_version_of_its_entry(spawn, stub, token, env):
