@@ -1518,10 +1518,12 @@ REVIEW_SEARCHES = {
          (r"NetworkError\(", {"<module>", "Api._exchange", "Api._watch", "_target", "_read_body", "_parse"}),
          (r"\blog\(", None)],
     13: [(r"LocalSession\(", {"_found"}),
-         (r"open_below\(|_opened\(", {"open_below", "_opened", "read_session", "holds_call", "_rollout_cwd"})],
+         (r"open_below\(|_opened\(", {"open_below", "_opened", "read_session", "holds_call", "_rollout_cwd",
+                                       "_read_part", "subagent_owner"})],
     15: [(r"find_session\(", {"find_session", "tool_publish_local_session"})],
     16: [(r"json\.loads\(|parse_record\(", {"_parse", "parse_within_budget", "parse_record", "_read_json",
-                                             "Settings.find_token", "holds_call", "_rollout_cwd", "check_transcript",
+                                             "Settings.find_token", "call_in", "first_session_id", "_rollout_cwd",
+                                             "check_transcript",
                                              "carries_other_authors_framing", "scrub_worker_main", "ScrubWorker._start",
                                              "ScrubWorker.scrub", "Server.handle_line", "oversized_id", "<module>"}),
          (r"parse_within_budget\(|\b_parse\(", {"Api.send", "_parse", "parse_within_budget", "claude_turns",
@@ -5478,6 +5480,29 @@ def test_local_session_whose_subagent_loaded_another_authors_session_is_saved_un
     assert len(stub.pushes) == 1 and stub.pushes[0]["body"] == a4sx_scrubbed(data)  # the session file only
     marked = json.loads((env["cfg"] / "untrusted.json").read_text())
     assert saved["library_id"] in marked[stub.base]
+
+
+def test_local_session_subagent_file_that_cannot_be_read_counts_as_framed(spawn, stub, token, env, tmp_path):
+    """Fail closed: a subagent file of the session (2.1's layout, synthetic records) that is refused
+    (a second hard link) cannot show it holds no framing, so the save is untrusted; the session's
+    own file is still saved."""
+    sid, _ = claude_session(env, [claude_record("user", "run a subagent"), claude_record("assistant", "done")])
+    subagents = claude_project(env) / sid / "subagents"
+    subagents.mkdir(parents=True)
+    plain = tmp_path / "plain.jsonl"
+    plain.write_bytes(claude_jsonl([claude_record("user", "a plain subagent turn", session_id=sid)]))
+    os.link(str(plain), str(subagents / "agent-a0123456789abcdef.jsonl"))
+    proc = spawn()
+    saved, _, is_error = local_save(proc, {"session": sid})
+    assert not is_error and saved["untrusted"] is True, saved
+    assert saved["local_session"]["subagents"] == {"files": 1, "uploaded": False, "unreadable": 1,
+                                                   "holds_the_call": False}
+    other, _ = claude_session(env, [claude_record("user", "run a subagent"), claude_record("assistant", "done")])
+    readable = claude_project(env) / other / "subagents"
+    readable.mkdir(parents=True)
+    shutil.copyfile(str(plain), str(readable / "agent-a0123456789abcdef.jsonl"))  # the same bytes, readable
+    saved, _, is_error = local_save(proc, {"session": other})
+    assert not is_error and saved["untrusted"] is False and saved["local_session"]["subagents"]["files"] == 1, saved
 
 
 @pytest.mark.parametrize("case", ["claude-code-2.0.77-subagent-save", "claude-code-2.1.332-subagent-save"])
