@@ -1313,6 +1313,43 @@ CC_SAVE_CALLS = {
 }
 
 
+
+class SubagentModelApi(FakeModelApi):
+    """The scripted model for a Claude Code run with a subagent: the main loop (its prompt holds
+    ``MAIN``) calls the Task tool (2.1 names it Agent) once, then closes; the subagent (its prompt
+    holds ``SUB``) calls the a4sx tools of ``calls`` in order, then closes. Other requests (2.0's
+    "Warmup" subagents, side queries) get a short text."""
+
+    MAIN = "MAIN TASK: load a session with a subagent."
+    SUB = "SUBAGENT TASK: load the library session lib-demo-acquired"
+
+    def _turn(self, body, entry):
+        messages = body.get("messages") or [{}]
+        content = messages[0].get("content") if isinstance(messages[0], dict) else None
+        first = content if isinstance(content, str) else " ".join(
+            b.get("text", "") for b in content if isinstance(b, dict)) if isinstance(content, list) else ""
+        turn = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
+        blocks, stop = [{"type": "text", "text": "ok"}], "end_turn"
+        task = next((t for t in entry["tools"] if t in ("Task", "Agent")), None)
+        if entry["tools"] and self.SUB in first:
+            if turn < len(self.calls):
+                tool, arguments = self.calls[turn][:2]
+                blocks, stop = [{"type": "tool_use", "id": "toolu_" + uuid.uuid4().hex[:24], "name": self.prefix + tool,
+                                 "input": arguments}], "tool_use"
+            else:
+                blocks = [{"type": "text", "text": "Subagent done: the session was loaded."}]
+        elif entry["tools"] and self.MAIN in first:
+            if turn == 0 and task:
+                blocks, stop = [{"type": "tool_use", "id": "toolu_" + uuid.uuid4().hex[:24], "name": task,
+                                 "input": {"description": "Load a library session", "prompt": self.SUB,
+                                           "subagent_type": "general-purpose"}}], "tool_use"
+            else:
+                blocks = [{"type": "text", "text": "All a4sx calls done."}]
+        entry["asked"] = [b.get("name") for b in blocks if b["type"] == "tool_use"]
+        return {"id": "msg_" + uuid.uuid4().hex[:24], "type": "message", "role": "assistant",
+                "model": body.get("model") or "fake", "content": blocks, "stop_reason": stop,
+                "stop_sequence": None, "usage": {"input_tokens": 10, "output_tokens": 5}}
+
 def _cc_call_times(srv):
     """From the relay's wire log: ``{request id: (tool, _meta, seconds from request to result)}``."""
     asked, out = {}, {}
@@ -5752,6 +5789,50 @@ def test_claude_code_saves_its_own_session(env, stub, token, tmp_path, spawn, ca
           "save call %.2fs, claude run %.1fs" % (
               case, json.loads(package.read_text()).get("version") if package.exists() else "?", len(on_disk),
               len(lines), len(body), body.count(b"\n"), save_s, elapsed))
+
+
+def test_claude_code_subagent_saves_the_session_it_belongs_to(env, stub, token, tmp_path):
+    """Live, with the real Claude Code: a subagent (the Task tool) loads another author's session and
+    then calls publish_local_session; its tool use id is only in the subagent's file, and the session
+    it belongs to is saved (its own file's bytes, scrubbed), untrusted."""
+    claude = CC_NODE_MODULES / ".bin" / "claude"
+    if not claude.exists():
+        _interop_missing("%s not found (npm install @anthropic-ai/claude-code)" % claude)
+    stub_server.seed_demo(stub)
+    home, work = tmp_path / "claude-home", tmp_path / "claude-work"
+    home.mkdir()
+    work.mkdir()
+    srv = _InteropServer(tmp_path, stub.base)
+    srv.env.update(HOME=str(home), A4SX_CONFIG_DIR=str(env["cfg"]))
+    mcp_config = tmp_path / "mcp.json"
+    mcp_config.write_text(json.dumps({"mcpServers": {"a4sx": {
+        "type": "stdio", "command": srv.command, "args": srv.args, "env": srv.env}}}))
+    api, trap = SubagentModelApi([("fetch_session_context", {"id": "lib-demo-acquired"}),
+                                  ("publish_local_session", {})]), ProxyTrap()
+    cmd = [str(claude), "-p", SubagentModelApi.MAIN, "--output-format", "json", "--model", "claude-sonnet-4-5",
+           "--mcp-config", str(mcp_config), "--strict-mcp-config", "--tools", "Task", "--disable-slash-commands",
+           "--system-prompt", "You are a test assistant.",
+           "--allowedTools", "Task,Agent,mcp__a4sx__fetch_session_context,mcp__a4sx__publish_local_session"]
+    rc, out, err, elapsed = run_agent_cli(cmd, work, _claude_offline_env(home, api, trap), (api, trap), CC_TIMEOUT_S)
+
+    def ctx():
+        return "\nclaude rc=%s in %.1fs\nstdout=%s\nstderr=%s%s%s" % (
+            rc, elapsed, (out or "")[-3000:], (err or "")[-3000:], api.diag(), srv.diag())
+
+    final = claude_finished(rc, out, trap, ctx)
+    _, wire = _cc_wire(srv)
+    assert [name for name, _ in wire] == ["fetch_session_context", "publish_local_session"], ctx()
+    assert wire[-1][1].get("isError") is False, "the subagent's save failed" + ctx()
+    saved = unframe(wire[-1][1]["structuredContent"])
+    assert saved["local_session"]["id"] == final["session_id"] and saved["untrusted"] is True, saved
+    assert saved["local_session"]["found_by"] == "claudecode/toolUseId"
+    assert saved["local_session"]["subagents"]["holds_the_call"] is True, saved
+    main, = (home / ".claude" / "projects").glob("*/%s.jsonl" % final["session_id"])
+    agents = list(main.parent.glob("%s/subagents/agent-*.jsonl" % main.stem))
+    assert len(agents) == 1 and b"mcp__a4sx__publish_local_session" in agents[0].read_bytes(), agents
+    assert len(stub.pushes) == 1
+    body, lines = stub.pushes[0]["body"], main.read_bytes().splitlines(keepends=True)
+    assert body == a4sx_scrubbed(b"".join(lines[:body.count(b"\n")])), "the push is not the session's own file"
 
 
 @pytest.mark.parametrize("case", sorted(CODEX_CASES))
