@@ -7945,8 +7945,7 @@ def test_check_speaks_plain_words_and_its_sign_in_fix_is_the_quickstart_s(stub, 
     is the Quickstart's command (`uvx a4sx login`), in --check and in a tool's not-signed-in error."""
     (env["cfg"] / "amdx.json").write_text(json.dumps({"base": stub.base}))
     done = run_check(None)
-    quickstart = open(os.path.join(HERE, "README.md")).read().split("## Quickstart", 1)[1].split("\n## ", 1)[0]
-    assert "uvx a4sx login" in quickstart
+    assert "uvx a4sx login" in quickstart_text()
     assert "to fix: sign in: run `uvx a4sx login --base %s`" % stub.base in done.stdout
     assert "amdx.json, written by the standalone a4sx script)" in done.stdout
     for unplaceable in ("older script", "(section ", "section 6", "a4sx.config"):
@@ -7987,11 +7986,11 @@ def test_check_without_the_sdk_exits_0_and_says_the_read_tools_work(stub, token,
     assert "to fix" not in done.stdout and done.stdout.rstrip().endswith("all is well for searching and loading sessions")
 
 
-def start_demo(*options):
+def start_demo(*options, env=None):
     """``stub_server.py --demo`` with ``options``: the process, what it printed up to its client
     configuration, and that configuration."""
     demo = subprocess.Popen([sys.executable, os.path.join(HERE, "stub_server.py"), "--demo"] + list(options),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     lines = []
     while True:
         line = demo.stdout.readline()
@@ -8059,13 +8058,12 @@ def test_offline_demo_keeps_its_configuration_and_library_across_restarts(tmp_pa
     """Issue 23: started twice with the same --port and --state, the demo prints the same client
     configuration (a pasted one keeps working) and a session saved before the restart is still in
     the library; --reset starts the library over; nothing is left in the temp folder."""
-    import glob
     import stat
-    import tempfile
 
     options = ["--port", str(_free_port()), "--state", str(tmp_path / "demo")]
-    leftovers = set(glob.glob(os.path.join(tempfile.gettempdir(), "a4sx-demo-*")))
-    demo, first_text, first = start_demo(*options)
+    (tmp_path / "tmp").mkdir()
+    environ = dict(os.environ, TMPDIR=str(tmp_path / "tmp"))  # where the old demo left a4sx-demo-* folders
+    demo, first_text, first = start_demo(*options, env=environ)
     try:
         assert "# Library kept in %s" % (tmp_path / "demo" / "library.json") in first_text
         proc = McpProcess(base=None, extra_env=first["env"])
@@ -8075,7 +8073,7 @@ def test_offline_demo_keeps_its_configuration_and_library_across_restarts(tmp_pa
         assert proc.close() == 0
     finally:
         stop_demo(demo)
-    demo, again_text, again = start_demo(*options)
+    demo, again_text, again = start_demo(*options, env=environ)
     try:
         assert again == first and again_text.replace("reused from", "kept in") == first_text
         proc = McpProcess(base=None, extra_env=again["env"])
@@ -8088,7 +8086,7 @@ def test_offline_demo_keeps_its_configuration_and_library_across_restarts(tmp_pa
         assert proc.close() == 0
     finally:
         stop_demo(demo)
-    demo, reset_text, reset = start_demo(*options + ["--reset"])
+    demo, reset_text, reset = start_demo(*options + ["--reset"], env=environ)
     try:
         assert reset == first
         proc = McpProcess(base=None, extra_env=reset["env"])
@@ -8097,7 +8095,7 @@ def test_offline_demo_keeps_its_configuration_and_library_across_restarts(tmp_pa
         assert proc.close() == 0
     finally:
         stop_demo(demo)
-    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "a4sx-demo-*"))) == leftovers
+    assert os.listdir(tmp_path / "tmp") == []
     assert stat.S_IMODE(os.stat(tmp_path / "demo").st_mode) == 0o700
     assert stat.S_IMODE(os.stat(tmp_path / "demo" / "token").st_mode) == 0o600
 
@@ -8105,8 +8103,7 @@ def test_offline_demo_keeps_its_configuration_and_library_across_restarts(tmp_pa
 def test_the_quickstart_s_example_requests_find_demo_sessions(tmp_path):
     """Issue 23: what the Quickstart suggests asking ("sessions about flaky pytest fixtures", "my a4sx
     session `my-refactor`") finds a session in the demo, through the real server over its pipes."""
-    readme = open(os.path.join(HERE, "README.md")).read()
-    quickstart = readme.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    quickstart = " ".join(quickstart_text().split())
     topic = re.search(r"Search a4sx for sessions\s+about ([^*]+?) and summarise", quickstart).group(1)
     label = re.search(r"Load my a4sx session\s+`([^`]+)`\s+as\s+context", quickstart).group(1)
     assert (topic, label) == ("flaky pytest fixtures", "my-refactor")
@@ -8129,6 +8126,9 @@ def test_the_quickstart_s_example_requests_find_demo_sessions(tmp_path):
         stop_demo(demo)
 
 
+ON_PYPI = ("0.1.0rc2",)  # the a4sx-mcp releases on PyPI (add a version when it is uploaded)
+
+
 def test_server_json_is_valid_and_matches_the_package():
     import jsonschema
 
@@ -8139,10 +8139,17 @@ def test_server_json_is_valid_and_matches_the_package():
     jsonschema.validators.validator_for(schema)(schema).validate(document)
     assert document["name"] == "com.session-exchange/sessions"
     assert document["version"] == a4sx_mcp.__version__
-    package = document["packages"][0]
-    assert package["registryType"] == "pypi" and package["identifier"] == "a4sx-mcp"
-    assert package["version"] == a4sx_mcp.__version__ and package["runtimeHint"] == "uvx"
-    assert package["transport"] == {"type": "stdio"}
+    # Issue 23: server.json claims no release that does not exist. Until this version is on PyPI (README's
+    # Quickstart says so) it lists no package; at release, add the PyPI package (a4sx-mcp at this version,
+    # runtimeHint uvx, stdio, A4SX_BASE / A4SX_CONFIG_DIR / A4SX_MCP_LOG) and drop README's line.
+    released = a4sx_mcp.__version__ in ON_PYPI
+    unreleased = "**This version (%s) is not on PyPI yet**" % a4sx_mcp.__version__
+    readme = open(os.path.join(HERE, "README.md")).read()
+    assert ("packages" in document) is released and (unreleased in readme) is not released
+    for package in document.get("packages", []):
+        assert package["registryType"] == "pypi" and package["identifier"] == "a4sx-mcp"
+        assert package["version"] == a4sx_mcp.__version__ and package["runtimeHint"] == "uvx"
+        assert package["transport"] == {"type": "stdio"}
     assert document["remotes"] == [{"type": "streamable-http", "url": "https://session-exchange.com/mcp"}]
     pyproject = open(os.path.join(HERE, "pyproject.toml")).read()
     assert 'version = "%s"' % a4sx_mcp.__version__ in pyproject
@@ -8154,11 +8161,50 @@ def readme_blocks(kind):
     return re.findall(r"```%s\n(.*?)```" % kind, text, re.S)
 
 
+CLONE = "/path/to/a4sx-mcp"  # the README's name for the folder of a clone of this repository
+
+
+def quickstart_text():
+    readme = open(os.path.join(HERE, "README.md")).read()
+    return readme.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+
+
+def test_quickstart_starts_this_version_for_every_client():
+    """Issue 23: until this version is on PyPI, every client configuration the Quickstart gives starts
+    it from a clone (``uvx --from <clone> a4sx-mcp``: the console script of this pyproject), never the
+    published ``uvx a4sx-mcp``; the file form, started from this clone as written, reports this file's
+    SHA-256 in --version. (CI runs ``uvx --from .``, which needs the package registry.)"""
+    quickstart = quickstart_text()
+    from_clone = ["--from", CLONE, "a4sx-mcp"]
+    configs = [json.loads(found) for found in re.findall(r"`(\{.*?\})`", quickstart)]
+    assert len(configs) == 2
+    for config in configs:
+        servers = config.get("mcpServers") or config.get("servers")
+        assert servers["a4sx"]["command"] == "uvx" and servers["a4sx"]["args"] == from_clone
+    commands = re.findall(r"`((?:claude|uvx|python3) [^`]*)`", quickstart)
+    assert "claude mcp add a4sx -- uvx --from %s a4sx-mcp" % CLONE in commands
+    assert 'a4sx-mcp = "a4sx_mcp:main"' in open(os.path.join(HERE, "pyproject.toml")).read()
+    for command in commands:
+        words = command.split()
+        if "a4sx-mcp" in words and words[0] != "uvx" or words[:2] == ["uvx", "a4sx-mcp"]:
+            assert "once 0.1.0 is on pypi" in quickstart.lower(), command  # the published line, marked
+            continue
+        if "uvx" in words and "a4sx-mcp" in words:
+            assert words[words.index("uvx") + 1: words.index("uvx") + 3] == ["--from", CLONE], command
+    file_form = "python3 %s/a4sx_mcp.py" % CLONE
+    assert file_form in commands
+    done = subprocess.run(file_form.replace(CLONE, HERE).split() + ["--version"], capture_output=True, text=True,
+                          timeout=30, stdin=subprocess.DEVNULL)
+    digest = hashlib.sha256(open(SERVER, "rb").read()).hexdigest()
+    assert done.stdout.splitlines()[1].split() == [digest, os.path.abspath(SERVER)]
+    assert "python3 stub_server.py --demo" in quickstart.split("Sign in")[0]  # the demo comes first
+
+
 def test_readme_snippets_parse_and_name_real_flags_and_variables():
     for block in readme_blocks("json"):
         config = json.loads(block)
         servers = config.get("mcpServers") or config.get("servers")
-        assert servers["a4sx"]["command"] == "uvx" and servers["a4sx"]["args"] == ["a4sx-mcp"]
+        assert servers["a4sx"]["command"] == "uvx" and servers["a4sx"]["args"] == ["--from", CLONE, "a4sx-mcp"]
     flags = set(re.findall(r"--[a-z-]+", a4sx_mcp.USAGE))
     source = open(SERVER).read()
     shell = readme_blocks("sh")
