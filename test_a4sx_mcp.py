@@ -1652,7 +1652,28 @@ def test_each_claim_s_print_line_names_its_places_and_its_size():
         assert done.returncode == 0 and not done.stderr, (names, done.stderr)
         printed = len(re.findall(r"^ *\d+  ", done.stdout, re.M))
         assert abs(printed - int(stated)) <= max(5, int(stated) // 10), (names, stated, printed)
+    # Issue 23, "The one-hour review": one print of exactly claims 3, 4, 7 and 10's places, in the
+    # file's order, of the size it states (so it cannot grow unnoticed)
+    one_hour = re.findall(r"^- One-hour print \((\d+) lines\): `show ([^`]+)`", security, re.M)
+    assert len(one_hour) == 1 and security.index("## The one-hour review") < security.index("**1. Imports.**")
+    stated, names = one_hour[0]
+    claims = dict(re.findall(r"^\*\*(\d+)\. .*?^- Print \(\d+ lines\): `show ([^`]+)`", security, re.M | re.S))
+    assert sorted(names.split()) == sorted(set(" ".join(claims[c] for c in ("3", "4", "7", "10")).split()))
+    done = subprocess.run(["bash", "-c", snippet + "\nshow " + names], cwd=HERE, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and not done.stderr, done.stderr
+    numbers = [int(n) for n in re.findall(r"^ *(\d+)  ", done.stdout, re.M)]
+    assert abs(len(numbers) - int(stated)) <= int(stated) // 20, (stated, len(numbers))
     import ast
+
+    placed = {}
+    for node in _module_tree().body:
+        targets = [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)] + [getattr(node, "name", "")]
+        placed.update((name, node.lineno) for name in targets)
+        if isinstance(node, ast.ClassDef):
+            placed.update(("%s.%s" % (node.name, m.name), m.lineno) for m in node.body if isinstance(m, ast.FunctionDef))
+    lines = [placed[name] for name in names.split()]
+    assert lines == sorted(lines), "the one-hour print names its places in the file's order"
 
     classes = {node.name for node in _module_tree().body if isinstance(node, ast.ClassDef)}
     for claim, searches in REVIEW_SEARCHES.items():
