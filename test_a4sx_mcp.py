@@ -8204,7 +8204,9 @@ def test_quickstart_starts_this_version_for_every_client():
         assert servers["a4sx"]["command"] == "uvx" and servers["a4sx"]["args"] == from_clone
     commands = re.findall(r"`((?:claude|uvx|python3) [^`]*)`", quickstart)
     assert "claude mcp add a4sx -- uvx --from %s a4sx-mcp" % CLONE in commands
-    assert 'a4sx-mcp = "a4sx_mcp:main"' in open(os.path.join(HERE, "pyproject.toml")).read()
+    pyproject = open(os.path.join(HERE, "pyproject.toml")).read()
+    assert 'a4sx-mcp = "a4sx_mcp:main"' in pyproject
+    assert '{ file = "a4sx_mcp.py" }' in pyproject.split("[tool.uv]")[1]  # uvx rebuilds when the file changes
     for command in commands:
         words = command.split()
         if "a4sx-mcp" in words and words[0] != "uvx" or words[:2] == ["uvx", "a4sx-mcp"]:
