@@ -816,7 +816,12 @@ def main(argv=None):
     if args.demo:
         folder, config, stub.state_file, token = demo_state(args.state, args.reset)
         seed_demo(stub, token)
-        kept = stub.load_state()
+        try:
+            kept = stub.load_state()
+        except (ValueError, KeyError, TypeError):
+            stub.stop()
+            sys.exit("stub_server: %s is not a library this demo saved; start with --reset to start it over"
+                     % stub.state_file)
         _print_demo(stub, token, config, folder, kept)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # `kill` stops it as cleanly as Ctrl-C
     try:
