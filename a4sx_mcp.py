@@ -223,12 +223,14 @@ ENVIRONMENT = (
 FILES = (
     ("config.json", "the server of the last `a4sx login`; ignored if another user owns or could write it",
      "start-up"),
-    ("amdx.json", "the older script's server, when there is no config.json; same rule", "start-up, token calls"),
+    ("amdx.json", "the server the standalone a4sx script signed in to, when there is no config.json; same rule",
+     "start-up, token calls"),
     ("credentials.json", "the tokens, {server: token}; refused unless yours and not group/other-writable",
      "each call that needs a token"),
-    ("session", "the older script's token, for amdx.json's server only; same checks", "each call that needs a token"),
-    ("untrusted.json, lineage/<id>.json", "the a4sx SDK's taint records, at a4sx.config's paths (section 6); "
-     "untrusted.json also written, after a tainted save", "library reads and publish"),
+    ("session", "the standalone a4sx script's token, for amdx.json's server only; same checks",
+     "each call that needs a token"),
+    ("untrusted.json, lineage/<id>.json", "the a4sx SDK's records (sessions by other authors; what a resumed "
+     "session continues); untrusted.json also written, after a tainted save", "library reads and publish"),
     ("saved-sessions.json", "which library entry each local session was saved to, {server: {session: id}}, "
      "written after each save", "publish_local_session"),
 )
@@ -531,7 +533,9 @@ class Settings:
         return None, None
 
     def login_hint(self):
-        return say("a4sx login") if self.base == PUBLIC_BASE else say("a4sx login --base %s", local_line(self.base))
+        """The sign-in command as the Quickstart gives it (``uvx``: the a4sx CLI need not be installed)."""
+        return say("uvx a4sx login") if self.base == PUBLIC_BASE else say("uvx a4sx login --base %s",
+                                                                          local_line(self.base))
 
 
 # =============================================================================================
@@ -1329,7 +1333,7 @@ def _frame(clean, rows, dropped, offset, untrusted, hint_next, scale):
     text = envelope(nonce, [line], untrusted, ABOUT_HINTS)
     if hints:
         text += "\n" + HINT_PREFIX + json.dumps(hints, separators=(", ", ": "))
-    fields = dict(clean, **hints)
+    fields = dict({k: v for k, v in clean.items() if k != "next_offset"}, **hints)  # no next page: absent
     structured = structured_frame(nonce, untrusted, fields, "data", fenced(nonce, [line]))
     return text, structured, wire_size(text) + wire_size(structured)
 
@@ -3557,8 +3561,8 @@ def _output_schema(properties, required):
 
 OUTPUT_SCHEMAS = {
     "search_sessions": _output_schema({
-        "scope": {"enum": ["public", "library"]}, "total": _COUNT, "next_offset": {"type": ["integer", "null"]},
-        "truncated": _FLAG, "next": _TEXT, "data": _ENVELOPED}, ["scope", "total", "next_offset", "data"]),
+        "scope": {"enum": ["public", "library"]}, "total": _COUNT, "next_offset": _COUNT,
+        "truncated": _FLAG, "next": _TEXT, "data": _ENVELOPED}, ["scope", "total", "data"]),
     "get_session_summary": _output_schema({
         "source": {"enum": ["marketplace", "library"]}, "truncated": _FLAG, "data": _ENVELOPED}, ["source", "data"]),
     "acquire_session": _output_schema({
@@ -4426,12 +4430,13 @@ def sign_in_status(settings):
 
 
 def run_check(settings):
-    """``--check``: a human-readable diagnosis on stdout (not MCP mode). Never prints the token."""
-    fixes = []
+    """``--check``: a human-readable diagnosis on stdout (not MCP mode). Never prints the token. Exits 1
+    only for a fix to apply; a missing SDK is a note (the read tools work without it)."""
+    fixes, notes = [], []
     out = ["a4sx-mcp %s --check" % __version__]
     source = {"--base": "the --base flag", "A4SX_BASE": "$A4SX_BASE",
               "config.json": "the server you signed in to last (%s)" % os.path.join(settings.config_dir, "config.json"),
-              "amdx.json": "the older a4sx script's server (%s)" % os.path.join(settings.config_dir, "amdx.json"),
+              "amdx.json": "%s, written by the standalone a4sx script" % os.path.join(settings.config_dir, "amdx.json"),
               "default": "the default"}[settings.base_source]
     out.append("server:     %s (from %s)" % (settings.base, source))
     line, fix, signed_in = sign_in_status(settings)
@@ -4468,9 +4473,10 @@ def run_check(settings):
             fixes.append("the sign-in was not accepted (expired or revoked): run `%s`" % settings.login_hint())
     version = sdk_version() if sdk_available() else None
     out.append("a4sx SDK:   %s" % ("%s (publish_session can scrub and save)" % version if version
-                                   else "not installed (read tools work; publish_session refuses)"))
+                                   else "not installed (search, summaries, acquire and load work; saving does not)"))
     if not version:
-        fixes.append("install the a4sx SDK for publish_session: pip install '%s%s'" % (SDK_PACKAGE, SDK_RANGE))
+        install = "pip install '%s%s'" % (SDK_PACKAGE, SDK_RANGE)
+        notes.append("to save sessions (publish_session, publish_local_session), install the a4sx SDK: " + install)
 
     def per_min(value):
         return "off" if value == 0 else "%d/min" % value
@@ -4491,12 +4497,10 @@ def run_check(settings):
              "session id)"))
     out += what_it_reads(environment())
     out.append("log level:  %s (stderr)" % settings.log_level)
-    if fixes:
-        out.append("")
-        out += ["to fix: " + fix for fix in fixes]
-    else:
-        out.append("")
-        out.append("all is well")
+    out.append("")
+    out += ["to fix: " + fix for fix in fixes] + ["note: " + note for note in notes]
+    if not fixes:
+        out.append("all is well" + (" for searching and loading sessions" if notes else ""))
     sys.stdout.write("\n".join(out) + "\n")
     return 1 if fixes else 0
 
@@ -4576,6 +4580,10 @@ def main(argv=None):
     _log_threshold = LOG_LEVELS[settings.log_level]
     if options["check"]:
         return run_check(settings)
+    if sys.stdin and sys.stdin.isatty():  # started by hand: say why it waits, on stderr (never stdout)
+        sys.stderr.write("a4sx-mcp speaks MCP on stdin/stdout; start it from an MCP client (see README) "
+                         "or run --check\n")
+        sys.stderr.flush()
     try:
         return serve(settings)
     except KeyboardInterrupt:  # Ctrl-C in a terminal: no traceback

@@ -10,7 +10,11 @@ counts the connections it accepts (``Stub.connections``), closes connections idl
 ``idle_close`` seconds, and serves TLS when given a server ``ssl.SSLContext``.
 
     python stub_server.py [--port N] [--token-file PATH]   # serve an empty API
-    python stub_server.py --demo [--port N]                # serve a small synthetic marketplace
+    python stub_server.py --demo [--port N] [--state DIR] [--reset]   # a small synthetic marketplace
+
+The demo listens on 127.0.0.1:8787 (``DEMO_PORT``) by default and keeps its token, the MCP server's config folder and
+the library (what you save or acquire) in ``--state`` (default ``~/.a4sx-demo``), so the client
+configuration it prints stays the same across restarts; ``--reset`` starts the library over.
 """
 
 import argparse
@@ -212,6 +216,7 @@ class Stub:
         self._queues = defaultdict(deque)    # route key -> canned answers
         self._lock = threading.RLock()
         self._stopped = False
+        self.state_file = None               # the demo's library between runs (save_state, load_state)
         self._server = _Server((HOST, port), _Handler)
         self._server.stub = self
         self.port = self._server.server_address[1]
@@ -440,8 +445,42 @@ class Stub:
             if route == "POST /library/ensure":
                 return 200, {"ok": True}
             if route == "POST /library/acquire":
-                return self._acquire(unquote(path[len(_ACQUIRE_PREFIX):]), query)
-            return self._push(rec, query, headers)
+                return self._kept(self._acquire(unquote(path[len(_ACQUIRE_PREFIX):]), query))
+            return self._kept(self._push(rec, query, headers))
+
+    # -- the demo's library between runs --------------------------------------------------------
+
+    def _kept(self, answer):
+        """``answer``, after writing the library to ``state_file`` when it changed (the demo only)."""
+        if self.state_file and answer[0] == 201:
+            self.save_state()
+        return answer
+
+    def save_state(self):
+        """The library, its bundles and what was pushed (for deduplication), as JSON, replaced whole."""
+        with self._lock:
+            state = {"library": self.library, "entitled": sorted(self.entitled),
+                     "bundles": [[k if isinstance(k, str) else list(k), b] for k, b in self.bundles.items()
+                                 if (k if isinstance(k, str) else k[0]) in {r["id"] for r in self.library}],
+                     "pushes": [{k: v for k, v in p.items() if k != "body"} for p in self.pushes]}
+            temporary = self.state_file + ".tmp"
+            with open(temporary, "w", encoding="utf-8") as f:
+                json.dump(state, f)
+            os.replace(temporary, self.state_file)
+
+    def load_state(self):
+        """The library a previous run saved in ``state_file``; False when there is none."""
+        try:
+            with open(self.state_file, encoding="utf-8") as f:
+                state = json.load(f)
+        except FileNotFoundError:
+            return False
+        with self._lock:
+            self.library[:] = state["library"]
+            self.entitled = set(state["entitled"])
+            self.bundles.update((k if isinstance(k, str) else tuple(k), b) for k, b in state["bundles"])
+            self.pushes[:] = [dict(p, body=b"") for p in state["pushes"]]
+        return True
 
     # -- routes ---------------------------------------------------------------------------------
 
@@ -610,8 +649,26 @@ def _demo_codex_files():
     return {"canonical.json": canonical_doc(turns), "native/codex-cli.jsonl": claude_jsonl(native)}  # any JSONL
 
 
-def seed_demo(stub):
-    """Fill ``stub`` with a small synthetic marketplace and library; return a fresh accepted token."""
+def _demo_flaky_transcript(session_id):
+    """A short Claude Code session about a flaky pytest fixture (the README's example request)."""
+    tool_id = "toolu_demo_" + secrets.token_hex(4)
+    return claude_jsonl([
+        claude_record("user", "test_orders passes alone but fails in the full run. Is a pytest fixture leaking?",
+                      session_id),
+        claude_record("assistant", [
+            {"type": "text", "text": "Let me run the suite in a random order to find the leak."},
+            {"type": "tool_use", "id": tool_id, "name": "Bash", "input": {"command": "pytest -p random_order -x"}}],
+            session_id),
+        claude_record("user", [{"type": "tool_result", "tool_use_id": tool_id,
+                                "content": "FAILED tests/test_orders.py::test_total - assert 3 == 2"}], session_id),
+        claude_record("assistant", "The module-scoped `db` fixture keeps rows between tests; making it "
+                                   "function-scoped with a rollback fixes the flaky test.", session_id),
+    ])
+
+
+def seed_demo(stub, token=None):
+    """Fill ``stub`` with a small synthetic marketplace and library that answer the README's example
+    requests; accept ``token`` (default: a fresh one) and return it."""
     codex = {"id": "codex-cli", "version": "0.130.2"}
     free_files = {"transcript.jsonl": _demo_claude_transcript("demo-free-1"),
                   "SESSION.md": b"# Rename a helper\n\nA short synthetic refactoring session.\n"}
@@ -621,6 +678,17 @@ def seed_demo(stub):
             description="A free Claude Code session: find call sites, rename, run tests.",
             abstract="Grep, edit, test.", tags=["refactor", "python"], created_at="2025-03-01T10:00:00Z",
             stats={"imports": 42, "rating": 4.6}, outline=["Find call sites", "Rename", "Run tests"])
+        stub.listings["demo-flaky-fixtures"] = listing(
+            "demo-flaky-fixtures", title="Fixing flaky pytest fixtures",
+            description="A free Claude Code session: flaky pytest fixtures that leak state between tests, "
+                        "found with a random test order and fixed with a function-scoped fixture.",
+            abstract="Random order, a leaking module-scoped fixture, a rollback.",
+            tags=["pytest", "testing", "python"],
+            created_at="2025-06-01T10:00:00Z", stats={"imports": 58, "rating": 4.8},
+            outline=["Reproduce in a random order", "Find the leaking fixture", "Scope it per test"])
+        stub.bundles["demo-flaky-fixtures"] = bundle(
+            "demo-flaky-fixtures", {"transcript.jsonl": _demo_flaky_transcript("demo-flaky-1")},
+            title="Fixing flaky pytest fixtures")
         stub.listings["demo-paid-migration"] = listing(
             "demo-paid-migration", title="Postgres 12 to 16 migration playbook", price_cents=1900,
             description="A paid Claude Code session walking through a database upgrade.",
@@ -644,7 +712,7 @@ def seed_demo(stub):
                                                  title="Fix a failing lint job", harness=codex)
 
         stub.library.append(library_row(
-            "lib-demo-cc", label="rename-helper", title="My refactoring session",
+            "lib-demo-cc", label="my-refactor", title="My refactoring session",
             description="Renaming a helper in my project.", tags=["refactor"],
             harness={"id": "claude-code", "version": "2.1.3"}, updated_at="2025-05-10T08:00:00Z"))
         stub.bundles["lib-demo-cc"] = bundle(
@@ -661,17 +729,49 @@ def seed_demo(stub):
             acquired_from={"id": "demo-free-refactor", "tenant": "acme"}, updated_at="2025-05-12T08:00:00Z"))
         stub.bundles["lib-demo-acquired"] = bundle("lib-demo-acquired", free_files,
                                                    title="Rename a helper across a project")
-        token = "demo-" + secrets.token_hex(8)
+        token = token or "demo-" + secrets.token_hex(8)
         stub.tokens.add(token)
     return token
 
 
-def _print_demo(stub, token):
-    """The environment and MCP client config a user needs to try the demo."""
+DEMO_PORT = 8787
+DEMO_STATE = os.path.join("~", ".a4sx-demo")
+
+
+def demo_state(folder, reset):
+    """The demo's folder (created 0700): its token (made once), the config folder the MCP server gets
+    (``config``) and the file that keeps the library (``library.json``; ``reset`` removes it)."""
+    folder = os.path.abspath(os.path.expanduser(folder))
+    config = os.path.join(folder, "config")
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    os.makedirs(config, mode=0o700, exist_ok=True)
+    library = os.path.join(folder, "library.json")
+    if reset and os.path.exists(library):
+        os.remove(library)
+    token_file = os.path.join(folder, "token")
+    try:
+        with open(token_file, encoding="utf-8") as f:
+            token = f.read().strip()
+    except FileNotFoundError:
+        token = ""
+    if not token:
+        token = "demo-" + secrets.token_hex(8)
+        with open(os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as f:
+            f.write(token + "\n")
+    return folder, config, library, token
+
+
+def _print_demo(stub, token, config_dir=None, folder=None, kept=False):
+    """The environment and MCP client config a user needs to try the demo: the same on every start
+    with the same ``--port`` and ``--state``."""
     env = {"A4SX_BASE": stub.base, "A4SX_SESSION": token, "A4SX_SESSION_BASE": stub.base,
-           "A4SX_CONFIG_DIR": tempfile.mkdtemp(prefix="a4sx-demo-")}
+           "A4SX_CONFIG_DIR": config_dir or tempfile.mkdtemp(prefix="a4sx-demo-")}
     server = os.path.join(os.path.dirname(os.path.abspath(__file__)), "a4sx_mcp.py")
     print("# a4sx demo API on %s (synthetic data; Ctrl-C to stop)" % stub.base)
+    if folder:
+        print("# Library %s %s (--reset starts it over)"
+              % ("reused from" if kept else "kept in", os.path.join(folder, "library.json")))
+        print("# Start it again with the same --port and --state: this configuration stays valid")
     print("# Environment for a4sx-mcp:")
     for k, v in env.items():
         print("export %s=%s" % (k, shlex.quote(v)))
@@ -684,17 +784,29 @@ def _print_demo(stub, token):
     print("#   VS Code: /mcp.a4sx-demo.load_session, or Add Context > MCP Resources > a4sx-demo")
     print("#   prompts: load_session, find_sessions, save_session; resources: %s"
           % ", ".join("a4sx://library/" + i for i in ids))
+    print('# Then ask your agent: "Search a4sx for sessions about flaky pytest fixtures and summarise the best one",')
+    print('#   or "Load my a4sx session my-refactor as context"')
     sys.stdout.flush()
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description="In-memory stand-in for the a4sx API on 127.0.0.1.")
-    ap.add_argument("--port", type=int, default=0, help="port to listen on (0 = pick a free one)")
+    ap.add_argument("--port", type=int, default=None,
+                    help="port to listen on (0 = pick a free one; default %d with --demo, else 0)" % DEMO_PORT)
     ap.add_argument("--demo", action="store_true", help="seed a synthetic marketplace and library")
+    ap.add_argument("--state", default=DEMO_STATE,
+                    help="with --demo: the folder that keeps its token, config folder and library between runs "
+                         "(default %s)" % DEMO_STATE)
+    ap.add_argument("--reset", action="store_true", help="with --demo: start the library over")
     ap.add_argument("--token-file", help="accept the token stored in this file")
     ap.add_argument("--verbose", action="store_true", help="log every request to stderr")
     args = ap.parse_args(argv)
-    stub = Stub(port=args.port, verbose=args.verbose)
+    port = args.port if args.port is not None else DEMO_PORT if args.demo else 0
+    try:
+        stub = Stub(port=port, verbose=args.verbose)
+    except OSError as err:
+        sys.exit("stub_server: cannot listen on %s:%d (%s); is a demo already running? Choose another port with "
+                 "--port N (and use the configuration it prints)." % (HOST, port, err.strerror or err))
     if args.token_file:
         with open(args.token_file, encoding="utf-8") as f:
             tok = f.read().strip()
@@ -702,7 +814,15 @@ def main(argv=None):
             stub.tokens.add(tok)
     print("stub a4sx API on %s" % stub.base, file=sys.stderr, flush=True)
     if args.demo:
-        _print_demo(stub, seed_demo(stub))
+        folder, config, stub.state_file, token = demo_state(args.state, args.reset)
+        seed_demo(stub, token)
+        try:
+            kept = stub.load_state()
+        except (ValueError, KeyError, TypeError):
+            stub.stop()
+            sys.exit("stub_server: %s is not a library this demo saved; start with --reset to start it over"
+                     % stub.state_file)
+        _print_demo(stub, token, config, folder, kept)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # `kill` stops it as cleanly as Ctrl-C
     try:
         while True:

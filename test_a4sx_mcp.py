@@ -278,7 +278,7 @@ class McpProcess:
 
 _OUTPUT_VALIDATORS = {}
 # What each tool's successful structured copy carries beside its envelope, at the least.
-SERVER_FIELDS_OF = {"search_sessions": {"scope", "total", "next_offset"}, "get_session_summary": {"source"},
+SERVER_FIELDS_OF = {"search_sessions": {"scope", "total"}, "get_session_summary": {"source"},
                     "acquire_session": {"status", "next"},
                     "fetch_session_context": {"status", "source", "max_tokens", "approx_tokens", "truncated",
                                               "turns_total", "turns_included"},
@@ -1692,7 +1692,28 @@ def test_each_claim_s_print_line_names_its_places_and_its_size():
         assert done.returncode == 0 and not done.stderr, (names, done.stderr)
         printed = len(re.findall(r"^ *\d+  ", done.stdout, re.M))
         assert abs(printed - int(stated)) <= max(5, int(stated) // 10), (names, stated, printed)
+    # Issue 23, "The one-hour review": one print of exactly claims 3, 4, 7 and 10's places, in the
+    # file's order, of the size it states (so it cannot grow unnoticed)
+    one_hour = re.findall(r"^- One-hour print \((\d+) lines\): `show ([^`]+)`", security, re.M)
+    assert len(one_hour) == 1 and security.index("## The one-hour review") < security.index("**1. Imports.**")
+    stated, names = one_hour[0]
+    claims = dict(re.findall(r"^\*\*(\d+)\. .*?^- Print \(\d+ lines\): `show ([^`]+)`", security, re.M | re.S))
+    assert sorted(names.split()) == sorted(set(" ".join(claims[c] for c in ("3", "4", "7", "10")).split()))
+    done = subprocess.run(["bash", "-c", snippet + "\nshow " + names], cwd=HERE, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and not done.stderr, done.stderr
+    numbers = [int(n) for n in re.findall(r"^ *(\d+)  ", done.stdout, re.M)]
+    assert abs(len(numbers) - int(stated)) <= int(stated) // 20, (stated, len(numbers))
     import ast
+
+    placed = {}
+    for node in _module_tree().body:
+        targets = [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)] + [getattr(node, "name", "")]
+        placed.update((name, node.lineno) for name in targets)
+        if isinstance(node, ast.ClassDef):
+            placed.update(("%s.%s" % (node.name, m.name), m.lineno) for m in node.body if isinstance(m, ast.FunctionDef))
+    lines = [placed[name] for name in names.split()]
+    assert lines == sorted(lines), "the one-hour print names its places in the file's order"
 
     classes = {node.name for node in _module_tree().body if isinstance(node, ast.ClassDef)}
     for claim, searches in REVIEW_SEARCHES.items():
@@ -1808,6 +1829,26 @@ def test_every_way_of_starting_serves_mcp_and_exits_0_on_eof(how, stub, tmp_path
     assert len(lines) == 1
     result = json.loads(lines[0])["result"]
     assert result["serverInfo"]["name"] == "a4sx-mcp" and result["protocolVersion"] == "2025-11-25"
+    assert b"speaks MCP" not in done.stderr  # the note is for a terminal only
+
+
+TERMINAL_NOTE = b"a4sx-mcp speaks MCP on stdin/stdout; start it from an MCP client (see README) or run --check\n"
+
+
+@pytest.mark.skipif(not hasattr(os, "openpty"), reason="needs a pseudo-terminal")
+def test_started_by_hand_in_a_terminal_it_says_so_on_stderr_only(stub):
+    """Issue 23: run by hand, the server no longer waits silently: one line on stderr says what it is
+    for; stdout stays empty; Ctrl-D (end of input at a terminal) ends it with 0."""
+    master, slave = os.openpty()
+    try:
+        proc = subprocess.Popen([sys.executable, SERVER, "--base", stub.base], stdin=slave, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+        os.close(slave)
+        os.write(master, b"\x04")  # Ctrl-D on an empty line: the server reads end of input
+        out, err = proc.communicate(timeout=30)
+    finally:
+        os.close(master)
+    assert err == TERMINAL_NOTE and out == b"" and proc.returncode == 0
 
 
 @pytest.mark.parametrize("base, fragment", [
@@ -2084,7 +2125,7 @@ def test_check_names_the_file_that_chose_the_server(stub, env):
     (env["cfg"] / "amdx.json").write_text(json.dumps({"base": stub.base}))
     os.chmod(env["cfg"] / "amdx.json", 0o600)
     out = run_check(None).stdout
-    assert "server:     %s (from the older a4sx script's server (%s))" % (stub.base, env["cfg"] / "amdx.json") in out
+    assert "server:     %s (from %s, written by the standalone a4sx script)" % (stub.base, env["cfg"] / "amdx.json") in out
 
 
 def test_redirect_to_another_origin_is_not_followed(mcp, stub, token):
@@ -3771,7 +3812,7 @@ class InjectionRun:
                 assert len(row["tags"]) <= 12
                 seen.append(row["price_cents"])
                 self.record("search public", chosen_by_tag[row["price_cents"]], result=False)
-            next_offset = structured["next_offset"]
+            next_offset = structured.get("next_offset")
             if next_offset is not None and next_offset <= offset:
                 self.stuck_pages += 1  # see test_a_row_too_big_for_a_page_does_not_stall_paging
                 next_offset = offset + 1
@@ -3824,7 +3865,7 @@ class InjectionRun:
                 if row["tokens"] in chosen_by_tag:
                     seen.append(row["tokens"])
                     self.record("search library", chosen_by_tag[row["tokens"]], result=False)
-            next_offset = structured["next_offset"]
+            next_offset = structured.get("next_offset")
             if next_offset is not None and next_offset <= offset:
                 self.stuck_pages += 1
                 next_offset = offset + 1
@@ -4081,7 +4122,7 @@ def test_a_row_too_big_for_a_page_does_not_stall_paging(mcp, stub, token):
             structured, _, is_error = mcp.tool("search_sessions", {"scope": scope, "offset": offset, "limit": 10})
             assert not is_error
             seen += [row["id"] for row in structured["items"]]
-            if structured["next_offset"] is None:
+            if structured.get("next_offset") is None:
                 break
             if structured["next_offset"] <= offset:
                 failing.append("%s: next_offset %r at offset %d with %d rows" % (
@@ -5983,7 +6024,8 @@ def test_library_search_filters_locally_and_pages(mcp, stub, token):
     structured, text, _ = mcp.tool("search_sessions", {"scope": "library", "query": "parser", "tags": ["py"],
                                                        "offset": 2, "limit": 2})
     # ranked: a title match (r5) before a summary or tag match (r3)
-    assert [r["id"] for r in structured["items"]] == ["r5", "r3"] and structured["next_offset"] is None
+    # the last page has no next_offset at all (issue 23: a null was flagged as the wrong type)
+    assert [r["id"] for r in structured["items"]] == ["r5", "r3"] and "next_offset" not in structured
     assert envelope_parts(text)[3] == []  # nothing after END on the last page
     structured, _, _ = mcp.tool("search_sessions", {"scope": "library", "harness": ["unknown"]})
     assert [r["id"] for r in structured["items"]] == ["r5"]
@@ -8240,8 +8282,23 @@ def test_check_signed_out_and_env_base(stub, monkeypatch):
     done = run_check(None, {"A4SX_MCP_PER_MIN": "0"})
     assert done.returncode == 1
     assert "(from $A4SX_BASE)" in done.stdout and "none for this server" in done.stdout
-    assert "to fix: sign in: run `a4sx login --base %s`" % stub.base in done.stdout
+    assert "to fix: sign in: run `uvx a4sx login --base %s`" % stub.base in done.stdout
     assert "requests off" in done.stdout
+
+
+def test_check_speaks_plain_words_and_its_sign_in_fix_is_the_quickstart_s(stub, env, spawn):
+    """Issue 23: no words a user cannot place (a section number, "the older script"), and the fix line
+    is the Quickstart's command (`uvx a4sx login`), in --check and in a tool's not-signed-in error."""
+    (env["cfg"] / "amdx.json").write_text(json.dumps({"base": stub.base}))
+    done = run_check(None)
+    assert "uvx a4sx login" in quickstart_text()
+    assert "to fix: sign in: run `uvx a4sx login --base %s`" % stub.base in done.stdout
+    assert "amdx.json, written by the standalone a4sx script)" in done.stdout
+    for unplaceable in ("older script", "(section ", "section 6", "a4sx.config"):
+        assert unplaceable not in done.stdout, unplaceable
+    structured, text, is_error = spawn().tool("search_sessions", {"scope": "library"})
+    assert is_error and structured["error"] == "not_signed_in"
+    assert "run `uvx a4sx login --base %s` in a terminal" % stub.base in text
 
 
 def test_check_token_not_accepted_and_stored_base(stub, env):
@@ -8264,19 +8321,49 @@ def test_check_server_down_and_sdk_missing(without_sdk):
     assert "a4sx SDK:   not installed" in done.stdout and "pip install 'a4sx>=0.11,<0.12'" in done.stdout
 
 
+def test_check_without_the_sdk_exits_0_and_says_the_read_tools_work(stub, token, without_sdk):
+    """Issue 23: the SDK is needed only to save; with the server up and the sign-in accepted, --check
+    says what works and what does not, as a note, and exits 0."""
+    done = run_check(stub.base, without_sdk)
+    assert done.returncode == 0, done.stdout
+    assert "a4sx SDK:   not installed (search, summaries, acquire and load work; saving does not)" in done.stdout
+    assert ("note: to save sessions (publish_session, publish_local_session), install the a4sx SDK: "
+            "pip install 'a4sx>=0.11,<0.12'") in done.stdout
+    assert "to fix" not in done.stdout and done.stdout.rstrip().endswith("all is well for searching and loading sessions")
+
+
+def start_demo(*options, env=None):
+    """``stub_server.py --demo`` with ``options``: the process, what it printed up to its client
+    configuration, and that configuration."""
+    demo = subprocess.Popen([sys.executable, os.path.join(HERE, "stub_server.py"), "--demo"] + list(options),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    lines = []
+    while True:
+        line = demo.stdout.readline()
+        if not line:
+            demo.kill()
+            raise AssertionError("demo ended early: " + demo.stderr.read())
+        lines.append(line)
+        if line.rstrip() == "}":
+            break
+    text = "".join(lines)
+    return demo, text, json.loads(text[text.index("{"):])["mcpServers"]["a4sx-demo"]
+
+
+def stop_demo(demo):
+    demo.terminate()  # SIGTERM, as `kill` or a closed terminal ends it
+    assert demo.wait(10) == 0
+
+
+def _free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def test_offline_demo_drives_all_five_tools(tmp_path):
-    demo = subprocess.Popen([sys.executable, os.path.join(HERE, "stub_server.py"), "--demo", "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    demo, text, config = start_demo("--port", "0", "--state", str(tmp_path / "demo"))
     try:
-        lines = []
-        while True:
-            line = demo.stdout.readline()
-            assert line, "demo ended early"
-            lines.append(line)
-            if line.rstrip() == "}":
-                break
-        text = "".join(lines)
-        config = json.loads(text[text.index("{"):])["mcpServers"]["a4sx-demo"]
         exports = dict(re.findall(r"^export (A4SX_\w+)=(\S+)$", text, re.M))
         assert exports == config["env"]
         assert config["args"] == [SERVER]
@@ -8305,12 +8392,87 @@ def test_offline_demo_drives_all_five_tools(tmp_path):
         printed = re.findall(r"a4sx://library/[\w-]+", hints[3])
         uris = [r["uri"] for r in proc.request("resources/list")["result"]["resources"]]
         assert len(printed) == 3 and set(printed) <= set(uris)
-        prompt = proc.request("prompts/get", {"name": "load_session", "arguments": {"id": "rename-helper"}})["result"]
+        prompt = proc.request("prompts/get", {"name": "load_session", "arguments": {"id": "my-refactor"}})["result"]
         assert prompt["messages"][1]["content"]["resource"]["uri"] == "a4sx://library/lib-demo-cc"
         assert proc.close() == 0
     finally:
         demo.terminate()
         demo.wait(10)
+
+
+def test_offline_demo_keeps_its_configuration_and_library_across_restarts(tmp_path):
+    """Issue 23: started twice with the same --port and --state, the demo prints the same client
+    configuration (a pasted one keeps working) and a session saved before the restart is still in
+    the library; --reset starts the library over; nothing is left in the temp folder."""
+    import stat
+
+    options = ["--port", str(_free_port()), "--state", str(tmp_path / "demo")]
+    (tmp_path / "tmp").mkdir()
+    environ = dict(os.environ, TMPDIR=str(tmp_path / "tmp"))  # where the old demo left a4sx-demo-* folders
+    demo, first_text, first = start_demo(*options, env=environ)
+    try:
+        assert "# Library kept in %s" % (tmp_path / "demo" / "library.json") in first_text
+        proc = McpProcess(base=None, extra_env=first["env"])
+        proc.initialize()
+        saved, _, is_error = proc.tool("publish_session", {"transcript": cc_transcript("kept-1"), "title": "Kept one"})
+        assert not is_error and saved["status"] == "saved"
+        assert proc.close() == 0
+    finally:
+        stop_demo(demo)
+    demo, again_text, again = start_demo(*options, env=environ)
+    try:
+        assert again == first and again_text.replace("reused from", "kept in") == first_text
+        proc = McpProcess(base=None, extra_env=again["env"])
+        proc.initialize()
+        found, _, _ = proc.tool("search_sessions", {"scope": "library", "query": "Kept one"})
+        assert found["total"] == 1
+        kept = found["items"][0]["id"]
+        context, _, is_error = proc.tool("fetch_session_context", {"id": kept})
+        assert not is_error and context["turns_total"] > 0
+        assert proc.close() == 0
+    finally:
+        stop_demo(demo)
+    demo, reset_text, reset = start_demo(*options + ["--reset"], env=environ)
+    try:
+        assert reset == first
+        proc = McpProcess(base=None, extra_env=reset["env"])
+        proc.initialize()
+        assert proc.tool("search_sessions", {"scope": "library", "query": "Kept one"})[0]["total"] == 0
+        assert proc.close() == 0
+    finally:
+        stop_demo(demo)
+    assert os.listdir(tmp_path / "tmp") == []
+    assert stat.S_IMODE(os.stat(tmp_path / "demo").st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(tmp_path / "demo" / "token").st_mode) == 0o600
+
+
+def test_the_quickstart_s_example_requests_find_demo_sessions(tmp_path):
+    """Issue 23: what the Quickstart suggests asking ("sessions about flaky pytest fixtures", "my a4sx
+    session `my-refactor`") finds a session in the demo, through the real server over its pipes."""
+    quickstart = " ".join(quickstart_text().split())
+    topic = re.search(r"Search a4sx for sessions\s+about ([^*]+?) and summarise", quickstart).group(1)
+    label = re.search(r"Load my a4sx session\s+`([^`]+)`\s+as\s+context", quickstart).group(1)
+    assert (topic, label) == ("flaky pytest fixtures", "my-refactor")
+    demo, _, config = start_demo("--port", "0", "--state", str(tmp_path / "demo"))
+    try:
+        proc = McpProcess(base=None, extra_env=config["env"])
+        proc.initialize()
+        found, _, _ = proc.tool("search_sessions", {"query": topic})
+        assert found["total"] >= 1
+        summary, _, is_error = proc.tool("get_session_summary", {"id": found["items"][0]["id"]})
+        assert not is_error and topic in json.dumps(summary).lower()
+        mine, _, _ = proc.tool("search_sessions", {"scope": "library", "query": label})
+        assert [row["label"] for row in mine["items"]] == [label]
+        context, _, is_error = proc.tool("fetch_session_context", {"id": mine["items"][0]["id"]})
+        assert not is_error and context["turns_total"] > 0
+        prompt = proc.request("prompts/get", {"name": "load_session", "arguments": {"id": label}})["result"]
+        assert prompt["messages"][1]["content"]["resource"]["uri"] == "a4sx://library/" + mine["items"][0]["id"]
+        assert proc.close() == 0
+    finally:
+        stop_demo(demo)
+
+
+ON_PYPI = ("0.1.0rc2",)  # the a4sx-mcp releases on PyPI (add a version when it is uploaded)
 
 
 def test_server_json_is_valid_and_matches_the_package():
@@ -8323,10 +8485,17 @@ def test_server_json_is_valid_and_matches_the_package():
     jsonschema.validators.validator_for(schema)(schema).validate(document)
     assert document["name"] == "com.session-exchange/sessions"
     assert document["version"] == a4sx_mcp.__version__
-    package = document["packages"][0]
-    assert package["registryType"] == "pypi" and package["identifier"] == "a4sx-mcp"
-    assert package["version"] == a4sx_mcp.__version__ and package["runtimeHint"] == "uvx"
-    assert package["transport"] == {"type": "stdio"}
+    # Issue 23: server.json claims no release that does not exist. Until this version is on PyPI (README's
+    # Quickstart says so) it lists no package; at release, add the PyPI package (a4sx-mcp at this version,
+    # runtimeHint uvx, stdio, A4SX_BASE / A4SX_CONFIG_DIR / A4SX_MCP_LOG) and drop README's line.
+    released = a4sx_mcp.__version__ in ON_PYPI
+    unreleased = "**This version (%s) is not on PyPI yet**" % a4sx_mcp.__version__
+    readme = open(os.path.join(HERE, "README.md")).read()
+    assert ("packages" in document) is released and (unreleased in readme) is not released
+    for package in document.get("packages", []):
+        assert package["registryType"] == "pypi" and package["identifier"] == "a4sx-mcp"
+        assert package["version"] == a4sx_mcp.__version__ and package["runtimeHint"] == "uvx"
+        assert package["transport"] == {"type": "stdio"}
     assert document["remotes"] == [{"type": "streamable-http", "url": "https://session-exchange.com/mcp"}]
     pyproject = open(os.path.join(HERE, "pyproject.toml")).read()
     assert 'version = "%s"' % a4sx_mcp.__version__ in pyproject
@@ -8338,11 +8507,52 @@ def readme_blocks(kind):
     return re.findall(r"```%s\n(.*?)```" % kind, text, re.S)
 
 
+CLONE = "/path/to/a4sx-mcp"  # the README's name for the folder of a clone of this repository
+
+
+def quickstart_text():
+    readme = open(os.path.join(HERE, "README.md")).read()
+    return readme.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+
+
+def test_quickstart_starts_this_version_for_every_client():
+    """Issue 23: until this version is on PyPI, every client configuration the Quickstart gives starts
+    it from a clone (``uvx --from <clone> a4sx-mcp``: the console script of this pyproject), never the
+    published ``uvx a4sx-mcp``; the file form, started from this clone as written, reports this file's
+    SHA-256 in --version. (CI runs ``uvx --from .``, which needs the package registry.)"""
+    quickstart = quickstart_text()
+    from_clone = ["--from", CLONE, "a4sx-mcp"]
+    configs = [json.loads(found) for found in re.findall(r"`(\{.*?\})`", quickstart)]
+    assert len(configs) == 2
+    for config in configs:
+        servers = config.get("mcpServers") or config.get("servers")
+        assert servers["a4sx"]["command"] == "uvx" and servers["a4sx"]["args"] == from_clone
+    commands = re.findall(r"`((?:claude|uvx|python3) [^`]*)`", quickstart)
+    assert "claude mcp add a4sx -- uvx --from %s a4sx-mcp" % CLONE in commands
+    pyproject = open(os.path.join(HERE, "pyproject.toml")).read()
+    assert 'a4sx-mcp = "a4sx_mcp:main"' in pyproject
+    assert '{ file = "a4sx_mcp.py" }' in pyproject.split("[tool.uv]")[1]  # uvx rebuilds when the file changes
+    for command in commands:
+        words = command.split()
+        if "a4sx-mcp" in words and words[0] != "uvx" or words[:2] == ["uvx", "a4sx-mcp"]:
+            assert "once 0.1.0 is on pypi" in quickstart.lower(), command  # the published line, marked
+            continue
+        if "uvx" in words and "a4sx-mcp" in words:
+            assert words[words.index("uvx") + 1: words.index("uvx") + 3] == ["--from", CLONE], command
+    file_form = "python3 %s/a4sx_mcp.py" % CLONE
+    assert file_form in commands
+    done = subprocess.run(file_form.replace(CLONE, HERE).split() + ["--version"], capture_output=True, text=True,
+                          timeout=30, stdin=subprocess.DEVNULL)
+    digest = hashlib.sha256(open(SERVER, "rb").read()).hexdigest()
+    assert done.stdout.splitlines()[1].split() == [digest, os.path.abspath(SERVER)]
+    assert "python3 stub_server.py --demo" in quickstart.split("Sign in")[0]  # the demo comes first
+
+
 def test_readme_snippets_parse_and_name_real_flags_and_variables():
     for block in readme_blocks("json"):
         config = json.loads(block)
         servers = config.get("mcpServers") or config.get("servers")
-        assert servers["a4sx"]["command"] == "uvx" and servers["a4sx"]["args"] == ["a4sx-mcp"]
+        assert servers["a4sx"]["command"] == "uvx" and servers["a4sx"]["args"] == ["--from", CLONE, "a4sx-mcp"]
     flags = set(re.findall(r"--[a-z-]+", a4sx_mcp.USAGE))
     source = open(SERVER).read()
     shell = readme_blocks("sh")
