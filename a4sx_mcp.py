@@ -34,6 +34,7 @@ that shows there is no other place, and the test that proves it:
    directory's ``FILES``, the agents' ``SESSION_FILES`` and its own source (``--check`` prints the
    lists). Besides: ``os.path.expanduser`` reads ``HOME``; the SDK's ``a4sx.config`` reads the config
    directory's variables by ``config_dir``'s rule; the scrub worker is handed ``WORKER_ENV`` unread;
+   ``trusts_nothing`` lists OpenSSL's CA folders' names when no certificate was loaded;
    libraries read their own files (OpenSSL's CA bundle, the SDK's installed metadata, the C library).
 3. The token is used only for the server that issued it (``Settings.find_token``), and the files
    that hold it or choose the server are trusted like ssh's (``read_private``, ``_read_config``).
@@ -651,12 +652,48 @@ def trust_store():
     ssl = lazy("ssl")
     paths = ssl.get_default_verify_paths()
     env = environment()
-    for name, value in ((paths.openssl_cafile_env, paths.cafile), (paths.openssl_capath_env, paths.capath)):
-        if env.get(name):
-            return "$%s (%s)" % (name, value or env[name])
+    if trusts_nothing():
+        looked = [("$%s (%s)" % (name, env[name]) if env.get(name) else default) for name, default in
+                  ((paths.openssl_cafile_env, paths.openssl_cafile), (paths.openssl_capath_env, paths.openssl_capath))]
+        return "no certificate: OpenSSL found none in %s, so no https server can be verified" % " or ".join(looked)
+    named = ["$%s (%s)" % (name, value or env[name]) for name, value in
+             ((paths.openssl_cafile_env, paths.cafile), (paths.openssl_capath_env, paths.capath)) if env.get(name)]
+    if named:
+        return " and ".join(named)
     where = " or ".join(p for p in (paths.cafile, paths.capath) if p) or "the operating system's store"
     return "the system trust store (%s; $%s or $%s replace it)" % (where, paths.openssl_cafile_env,
                                                                    paths.openssl_capath_env)
+
+
+_CA_FOLDER_NAME = re.compile(r"[0-9a-f]{8}\.[0-9]+\Z")  # OpenSSL's <subject hash>.<n> in a CA folder
+
+
+def trusts_nothing():
+    """True when the TLS context holds no certificate to trust, so every https request fails: none
+    was loaded from OpenSSL's CA file (python.org's macOS Python before its ``Install
+    Certificates.command`` ran; an ``$SSL_CERT_FILE`` that is no bundle) and its CA folders
+    (``$SSL_CERT_DIR``, else the built-in one) hold none. A folder's certificates are loaded only
+    when a handshake looks one up, so its names are listed (never read) for OpenSSL's
+    ``<hash>.<n>`` ones."""
+    if ssl_context().cert_store_stats()["x509"]:
+        return False
+    paths, env = lazy("ssl").get_default_verify_paths(), environment()
+    folders = env[paths.openssl_capath_env].split(os.pathsep) if env.get(paths.openssl_capath_env) else [
+        paths.openssl_capath]
+    for folder in folders:
+        try:
+            with os.scandir(folder) as listing:
+                if any(_CA_FOLDER_NAME.match(entry.name) for entry in listing):
+                    return False
+        except (OSError, ValueError):
+            continue
+    return True
+
+
+def ca_fix():
+    """What to do when this Python trusts no certificate (``trusts_nothing``)."""
+    return say("run `Install Certificates.command` (python.org's Python on macOS: in /Applications/Python %d.%d/), or "
+               "set SSL_CERT_FILE to a CA bundle (a PEM file) in the MCP client's `env` block", *sys.version_info[:2])
 
 
 class Api:
@@ -1028,6 +1065,9 @@ def _network_reason(err):
     http, socket, ssl = lazy("http.client"), lazy("socket"), lazy("ssl")
     reason = err if isinstance(err, ssl.SSLError) else getattr(err, "reason", err)
     if isinstance(reason, ssl.SSLCertVerificationError):
+        if trusts_nothing():
+            return say("the a4sx server's TLS certificate could not be checked: this Python trusts %s; to fix it, %s",
+                       local_line(trust_store(), 600), ca_fix())
         return say("the a4sx server's TLS certificate was not accepted (a certificate problem: %s); trusted: %s",
                    local_line(_str_param(getattr(reason, "verify_message", "") or "verification failed"), 200),
                    local_line(trust_store(), 600))
@@ -2027,11 +2067,20 @@ class LocalSession:
                 "modified": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.mtime))}
 
 
+def _is_link(status):
+    """A symlink, or on Windows any reparse point (a junction too, which ``os.path.islink`` does not
+    call a link, and which Windows follows like a folder link)."""
+    return stat.S_ISLNK(status.st_mode) or bool(getattr(status, "st_file_attributes", 0)
+                                                & stat.FILE_ATTRIBUTE_REPARSE_POINT)
+
+
 def _entries(folder):
-    """The entries of ``folder`` that are not links (none when it cannot be listed)."""
+    """The entries of ``folder`` that are not links, nor on Windows junctions (none when it cannot
+    be listed; there the listing carries each entry's attributes, so this costs no call)."""
     try:
         with os.scandir(folder) as listing:
-            return [entry for entry in listing if not entry.is_symlink()]
+            return [entry for entry in listing if not entry.is_symlink()
+                    and not (os.name == "nt" and _is_link(entry.stat(follow_symlinks=False)))]
     except OSError:
         return []
 
@@ -2077,10 +2126,12 @@ def open_below(root, parts):
     """A read-only descriptor of ``root/parts[0]/...``. On POSIX each name is opened relative to the
     folder above it with O_NOFOLLOW, so no link below ``root`` is followed, not even one put there
     after the listing; the last name's type is looked at first (no link followed), so a FIFO or a
-    device is not opened; O_NONBLOCK, so one swapped in between does not wait for a writer."""
+    device is not opened; O_NONBLOCK, so one swapped in between does not wait for a writer. On
+    Windows (no ``dir_fd``) each name is checked by ``os.lstat`` before the open: no symlink, junction
+    or other reparse point (a link swapped in between the check and the open is followed)."""
     if os.open not in os.supports_dir_fd or not hasattr(os, "O_NOFOLLOW"):  # Windows: names, checked one by one
         for index in range(1, len(parts) + 1):
-            if os.path.islink(os.path.join(root, *parts[:index])):
+            if _is_link(os.lstat(os.path.join(root, *parts[:index]))):
                 raise OSError("a link")
         return os.open(os.path.join(root, *parts), os.O_RDONLY | getattr(os, "O_BINARY", 0))
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
@@ -2101,12 +2152,12 @@ def open_below(root, parts):
 
 
 def _file_problem(status):
-    """Why an opened session file must not be read, or None."""
+    """Why an opened session file must not be read, or None (``os.fstat`` counts links on Windows too)."""
     if not stat.S_ISREG(status.st_mode):
         return say("it is not a regular file")
     if os.name == "posix" and status.st_uid != os.getuid():
         return say("it belongs to another user")
-    if os.name == "posix" and status.st_nlink != 1:
+    if status.st_nlink != 1:
         return say("it has another hard link, so it could be any file")
     return None
 
@@ -2497,12 +2548,15 @@ def scrub_worker_main():
 
 # What the worker inherits: only what Python needs to start and find the SDK, its search paths
 # (PYTHONPATH, PYTHONHOME, library paths) included; never the token, the a4sx settings or anything
-# else: it needs no network and no configuration. It runs this file as it is on disk when the first
+# else: it needs no network and no configuration. On Windows, where a user's things are found:
+# APPDATA (``site``'s user site, where ``pip install --user`` puts the SDK, and the SDK's config dir
+# after LOCALAPPDATA, as ``a4sx.config.config_dir`` reads them), HOMEDRIVE and HOMEPATH (``~`` when
+# USERPROFILE is unset): folder names, no secret. It runs this file as it is on disk when the first
 # large publish starts it.
 WORKER_ENV = ("PATH", "HOME", "USERPROFILE", "SYSTEMROOT", "SYSTEMDRIVE", "TMPDIR", "TEMP", "TMP", "LANG", "LC_ALL",
               "LC_CTYPE", "LD_LIBRARY_PATH", "DYLD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE",
               "PYTHONNOUSERSITE", "PYTHONSAFEPATH", "PYTHONUTF8", "PYTHONIOENCODING", "PYTHONDONTWRITEBYTECODE",
-              "PYTHONPYCACHEPREFIX")
+              "PYTHONPYCACHEPREFIX", "APPDATA", "LOCALAPPDATA", "HOMEDRIVE", "HOMEPATH")
 
 
 def worker_environment(environ):
@@ -4448,6 +4502,8 @@ def run_check(settings):
             fixes.append("%s (it is ignored until then)" % problem)
     out.append("tls:        %s" % ("trusts " + trust_store() if settings.base.startswith("https:")
                                    else "not used (plain http, allowed to this machine only)"))
+    if settings.base.startswith("https:") and trusts_nothing():
+        fixes.append(ca_fix())
     api = Api(settings)
     try:
         status, body = api.send("health")
@@ -4569,6 +4625,11 @@ def main(argv=None):
     if options["help"]:
         sys.stdout.write(USAGE)
         return 0
+    if options["version"] or options["check"]:  # they print paths, which may hold characters stdout's
+        try:  # encoding lacks (on Windows a pipe's is the console code page): escaped, never a traceback
+            sys.stdout.reconfigure(errors="backslashreplace")
+        except (AttributeError, ValueError, OSError):
+            pass  # not a text stream that can change (None under pythonw, a replaced stream)
     if options["version"]:
         sys.stdout.write("a4sx-mcp %s\n%s\n" % (__version__, file_digest_line()))
         return 0

@@ -1527,13 +1527,13 @@ REVIEW_SEARCHES = {
          {"_glibc", "sdk_available"})],
     2: [(r"os\.environ\b|os\.environb|getenv|expandvars", {"environment", "ScrubWorker._start"}),
         (r"\bopen\(|fdopen\(|scandir|listdir", {"_read_json", "read_private", "_entries", "open_below", "_opened",
-                                                "file_digest_line"}),
+                                                "file_digest_line", "trusts_nothing"}),
         (r"_read_json\(", {"_read_json", "_read_config", "read_lineage", "_record_file"})],
     3: [(r"find_token\(|Authorization", {"Settings.find_token", "Api.send", "ToolContext.token", "sign_in_status"}),
         (r"ctx\.(token|account)\(\)", {"tool_acquire_session", "tool_publish_session", "tool_publish_local_session",
                                "get_prompt", "LibraryCache.rows_for", "ensure_library"})],
-    4: [(r'lazy\("(http\.client|socket|ssl)"\)', {"ssl_context", "trust_store", "Api._exchange", "Api._checkout",
-                                                  "_shut", "_network_reason", "warm_network"}),
+    4: [(r'lazy\("(http\.client|socket|ssl)"\)', {"ssl_context", "trust_store", "trusts_nothing", "Api._exchange",
+                                                  "Api._checkout", "_shut", "_network_reason", "warm_network"}),
         (r"api\.send\(", {"ToolContext.send", "run_check"})],
     5: [(r"_exchange\(|_read_body\(", {"Api.send", "Api._exchange", "_read_body"})],
     6: [(r"Result\(", {"json_result", "context_result", "error_result", "framed_error"}),
@@ -1881,6 +1881,25 @@ def test_version_and_help_and_unknown_flag():
     assert done.returncode == 0 and "--base URL" in done.stdout and "--check" in done.stdout
     done = subprocess.run([sys.executable, SERVER, "--frobnicate"], capture_output=True, text=True, timeout=20)
     assert done.returncode == 2 and "--frobnicate" in done.stderr
+
+
+def test_check_and_version_escape_a_path_stdout_cannot_encode(tmp_path):
+    """``--check`` and ``--version`` print paths; a path with characters stdout's encoding lacks
+    (on Windows a pipe gets the console's code page; here ``PYTHONIOENCODING=ascii``) is printed
+    with backslash escapes, not a traceback."""
+    folder = tmp_path / "caf\u00e9-\u6f22"
+    folder.mkdir()
+    copy = folder / "a4sx_mcp.py"
+    shutil.copy(SERVER, str(copy))
+    environ = dict(os.environ, PYTHONIOENCODING="ascii", A4SX_CONFIG_DIR=str(folder))
+    escaped = str(folder).encode("ascii", "backslashreplace")
+    done = subprocess.run([sys.executable, str(copy), "--version"], capture_output=True, timeout=20, env=environ)
+    assert done.returncode == 0 and done.stderr == b"", done.stderr
+    assert done.stdout.splitlines()[1].endswith(b"  " + escaped + b"/a4sx_mcp.py"), done.stdout
+    done = subprocess.run([sys.executable, SERVER, "--check", "--base", "http://127.0.0.1:%d" % closed_port()],
+                          capture_output=True, timeout=60, env=environ, stdin=subprocess.DEVNULL)
+    assert b"\nconfig dir: " + escaped + b"\n" in done.stdout and b"Traceback" not in done.stderr, done.stderr
+    assert done.stdout.endswith(b"\n") and done.returncode == 1  # nothing answers there: a fix, not a crash
 
 
 @pytest.mark.parametrize("value, origin", [
@@ -3295,6 +3314,46 @@ def test_tls_with_the_test_ca_and_a_clear_error_with_the_wrong_one(spawn, env, t
         check = subprocess.run([sys.executable, SERVER, "--check", "--base", srv.base], capture_output=True, text=True,
                                timeout=60, env=dict(os.environ, SSL_CERT_FILE=tls_files["ca"]))
         assert "tls:" in check.stdout and "SSL_CERT_FILE" in check.stdout and "answers:    yes" in check.stdout
+    finally:
+        srv.stop()
+
+
+def test_tls_with_no_ca_bundle_says_so_and_names_the_fix(spawn, env, tls_files, tmp_path):
+    """A Python whose OpenSSL loads no CA (python.org's macOS Python before its ``Install
+    Certificates.command`` ran; here ``SSL_CERT_FILE`` is an empty file and ``SSL_CERT_DIR`` an empty
+    folder): ``--check`` says it trusts no certificate, not "the system trust store", and names the
+    fix, and so does a tool's network error. A folder that holds the CA under OpenSSL's hash name is
+    a trust store (its certificates load only at a lookup, so none is counted before)."""
+    empty_file, folder = tmp_path / "none.pem", tmp_path / "ca-folder"
+    empty_file.write_bytes(b"")
+    folder.mkdir()
+    no_ca = {"SSL_CERT_FILE": str(empty_file), "SSL_CERT_DIR": str(folder)}
+    fix = ("run `Install Certificates.command` (python.org's Python on macOS: in /Applications/Python %d.%d/), or set "
+           "SSL_CERT_FILE to a CA bundle (a PEM file) in the MCP client's `env` block" % sys.version_info[:2])
+    srv = other_stub(env, tls=tls_files["context"])
+    try:
+        proc = spawn(base=srv.base, extra_env=no_ca)
+        structured, text, is_error = proc.tool("search_sessions", {})
+        assert is_error and structured["error"] == "network_error", structured
+        assert ("TLS certificate could not be checked: this Python trusts no certificate: OpenSSL found none in "
+                "$SSL_CERT_FILE (%s) or $SSL_CERT_DIR (%s)" % (empty_file, folder)) in structured["message"], text
+        assert structured["message"].endswith("; to fix it, %s." % fix) and fix in text
+        check = run_check(srv.base, no_ca)
+        tls = [line for line in check.stdout.splitlines() if line.startswith("tls:")]
+        assert tls == ["tls:        trusts no certificate: OpenSSL found none in $SSL_CERT_FILE (%s) or $SSL_CERT_DIR "
+                       "(%s), so no https server can be verified" % (empty_file, folder)], check.stdout
+        assert "to fix: " + fix in check.stdout.splitlines() and check.returncode == 1
+        hashed = subprocess.run(["openssl", "x509", "-hash", "-noout", "-in", tls_files["ca"]], capture_output=True,
+                                text=True, timeout=30) if shutil.which("openssl") else None
+        if hashed is not None and hashed.returncode == 0:  # the CA in the folder only: trusted, no fix asked
+            shutil.copy(tls_files["ca"], str(folder / (hashed.stdout.strip() + ".0")))
+            proc = spawn(base=srv.base, extra_env=no_ca)
+            structured, text, is_error = proc.tool("search_sessions", {})
+            assert not is_error, text
+            check = run_check(srv.base, no_ca)
+            assert "tls:        trusts $SSL_CERT_FILE (%s) and $SSL_CERT_DIR (%s)\n" % (empty_file, folder) in check.stdout
+            assert "Install Certificates" not in check.stdout
+            assert "answers:    yes" in check.stdout, check.stdout
     finally:
         srv.stop()
 
@@ -4983,11 +5042,15 @@ def _parent_of(pid):
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads the worker's environment from /proc")
 def test_the_scrub_worker_gets_a_minimal_environment(spawn, stub, env):
-    """Issue 11, finding 6: no token, no A4SX_* and nothing else it does not need."""
+    """Issue 11, finding 6: no token, no A4SX_* and nothing else it does not need; issue 22: the
+    Windows variables Python's ``site`` (APPDATA: the user site), ``expanduser`` (HOMEDRIVE,
+    HOMEPATH) and the SDK's ``config_dir`` (LOCALAPPDATA, APPDATA) read are kept."""
     secret = make_token()
     stub.tokens.add(secret)
-    proc = spawn(extra_env={"A4SX_SESSION": secret, "A4SX_SESSION_BASE": stub.base,
-                            "UNRELATED_PASSWORD": "hunter" + "2-" + secrets.token_hex(4)})
+    windows = {"APPDATA": "C:\\Users\\u\\AppData\\Roaming", "LOCALAPPDATA": "C:\\Users\\u\\AppData\\Local",
+               "HOMEDRIVE": "C:", "HOMEPATH": "\\Users\\u"}  # what the SDK's config_dir and site read there
+    proc = spawn(extra_env=dict(windows, A4SX_SESSION=secret, A4SX_SESSION_BASE=stub.base,
+                                UNRELATED_PASSWORD="hunter" + "2-" + secrets.token_hex(4)))
     transcript, key, _ = secret_transcript(padding=100 * 1024)
     structured, _, is_error = proc.tool("publish_session", {"transcript": transcript})
     assert not is_error and structured["client_redactions"]["lines_changed"] == 1  # the worker still scrubs
@@ -5000,7 +5063,9 @@ def test_the_scrub_worker_gets_a_minimal_environment(spawn, stub, env):
     assert secret.encode() not in environ and b"TEST_OFFLINE_GUARD_LOG" not in environ
     assert names <= {"PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "LD_LIBRARY_PATH", "PYTHONPATH",
                      "PYTHONHOME", "PYTHONUSERBASE", "PYTHONNOUSERSITE", "PYTHONUTF8", "PYTHONIOENCODING",
-                     "PYTHONSAFEPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX"}, names
+                     "PYTHONSAFEPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX"} | set(windows), names
+    for name, value in windows.items():  # kept as they are: a pip install --user site is found in the worker too
+        assert ("%s=%s" % (name, value)).encode() in environ.split(b"\0"), name
 
 
 def _safe_parent(pid):
@@ -5448,6 +5513,78 @@ def test_local_session_open_follows_no_link_swapped_in_after_the_listing(env, tm
     with pytest.raises(a4sx_mcp.ToolError) as refused:
         a4sx_mcp.read_session(session, 1 << 20)
     assert "not a regular file" in refused.value.message and time.monotonic() - started < 2
+
+
+def test_local_session_on_windows_refuses_a_junction_and_a_hard_link(env, tmp_path, monkeypatch):
+    """Windows, simulated in-process (there is no Windows here, and a real process cannot fake it):
+    ``os.name`` "nt", no ``dir_fd`` (``open_below``'s Windows branch), and a folder link that
+    ``os.lstat`` and ``os.scandir`` describe as Windows describes a junction: a folder with the
+    reparse-point attribute, which ``os.path.islink`` does not call a link. The junction's files are
+    not listed, nor read by a path through it; a file with a second hard link is refused, since
+    ``os.fstat`` counts links on Windows too; the session file itself is read."""
+    import stat
+
+    sid, path = claude_session(env, [claude_record("user", "listed")])
+    outside, other = tmp_path / "outside", str(uuid.uuid4())
+    outside.mkdir()
+    (outside / (other + ".jsonl")).write_bytes(claude_jsonl([claude_record("user", "elsewhere", session_id=other)]))
+    secret, hard = tmp_path / "secret.jsonl", str(uuid.uuid4())
+    secret.write_bytes(claude_jsonl([claude_record("user", "a file of the user's", session_id=hard)]))
+    os.link(str(secret), str(path.parent / (hard + ".jsonl")))
+    roots = a4sx_mcp.session_roots({"CLAUDE_CONFIG_DIR": "", "CODEX_HOME": ""})
+    junction = os.path.join(roots["claude-code"], "-junction")
+    os.symlink(str(outside), junction)
+    real_lstat, real_scandir = os.lstat, os.scandir
+
+    class JunctionStatus:  # os.lstat of a junction on Windows: a folder that is a reparse point
+        st_mode = stat.S_IFDIR | 0o755
+        st_file_attributes = stat.FILE_ATTRIBUTE_DIRECTORY | stat.FILE_ATTRIBUTE_REPARSE_POINT
+
+    class Entry:  # os.scandir's entry for it: no symlink, a folder, the same attributes
+        def __init__(self, entry):
+            self.entry, self.name, self.path = entry, entry.name, entry.path
+
+        def is_symlink(self):
+            return self.path != junction and self.entry.is_symlink()
+
+        def is_dir(self, follow_symlinks=True):
+            return self.path == junction or self.entry.is_dir(follow_symlinks=follow_symlinks)
+
+        def is_file(self, follow_symlinks=True):
+            return self.path != junction and self.entry.is_file(follow_symlinks=follow_symlinks)
+
+        def stat(self, follow_symlinks=True):
+            return JunctionStatus() if self.path == junction else self.entry.stat(follow_symlinks=follow_symlinks)
+
+    class Listing:
+        def __init__(self, folder):
+            self.listing = real_scandir(folder)
+
+        def __enter__(self):
+            return [Entry(entry) for entry in self.listing]
+
+        def __exit__(self, *exc):
+            self.listing.close()
+
+    through = a4sx_mcp.LocalSession("claude-code", other, roots["claude-code"], ("-junction", other + ".jsonl"),
+                                    real_lstat(str(outside / (other + ".jsonl"))))
+    monkeypatch.setattr(os, "name", "nt")
+    monkeypatch.setattr(os, "supports_dir_fd", set())
+    monkeypatch.setattr(os, "lstat", lambda p, *a, **k: JunctionStatus() if str(p) == junction else real_lstat(p, *a, **k))
+    monkeypatch.setattr(os, "scandir", Listing)
+    try:
+        listed = {session.id: session for session in a4sx_mcp.local_sessions(roots)}
+        assert set(listed) == {sid, hard}, sorted(listed)  # not the junction's file
+        with pytest.raises(a4sx_mcp.ToolError) as refused:
+            a4sx_mcp.read_session(through, 1 << 20)
+        assert refused.value.code == "session_unreadable" and "link" in refused.value.message
+        with pytest.raises(a4sx_mcp.ToolError) as refused:
+            a4sx_mcp.read_session(listed[hard], 1 << 20)
+        assert "hard link" in refused.value.message
+        read = a4sx_mcp.read_session(listed[sid], 1 << 20)
+    finally:
+        monkeypatch.undo()
+    assert read == path.read_bytes()
 
 
 def test_local_session_over_the_cap_points_to_the_cli(spawn, stub, token, env):
