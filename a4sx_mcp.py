@@ -2231,7 +2231,8 @@ def find_session(settings, wanted, meta, cancel):
     project was written after both this server's start and that file's last write (after ``/clear``
     the variable names the session before it, and the new one is written after it; a parallel run
     looks the same): never a guess. An id: the session file of that name, the most recently written
-    one if two folders hold it."""
+    one if two folders hold it, of this project (``of_this_project``) unless ``A4SX_MCP_ALL_PROJECTS``
+    allows every project; another project's is refused (``other_project``)."""
     roots = settings.session_roots
     if wanted != "current":
         sessions = local_sessions(roots)
@@ -2241,11 +2242,12 @@ def find_session(settings, wanted, meta, cancel):
                             project_sessions(settings, sessions))
         mine = found if settings.all_projects else [s for s in found if of_this_project(settings, s)]
         if not mine:
-            raise ToolError("other_project", say(
-                "This session was recorded in another project than the one this server runs in (%s). Only this "
-                "project's sessions are saved by id, unless the user allows every project: "
-                "\"A4SX_MCP_ALL_PROJECTS\": \"1\" in this server's env block of the MCP client's configuration. "
-                "Nothing was sent.", local_line(settings.project_dir or "unknown")))
+            raise ToolError("other_project", say("This session was recorded in another project than the one this "
+                                                 "server runs in ($CLAUDE_PROJECT_DIR, else its working directory). "
+                                                 "Only this project's sessions are saved by id, unless the user "
+                                                 "allows every project: \"A4SX_MCP_ALL_PROJECTS\": \"1\" in this "
+                                                 "server's env block of the MCP client's configuration. Nothing was "
+                                                 "sent."))
         return mine[0], "id"
     def local_id(value):  # an id the client sent, only when it is one of the schema's shape
         return value if isinstance(value, str) and LOCAL_ID.match(value) else None

@@ -5286,7 +5286,7 @@ def test_local_session_of_another_project_is_refused_unless_the_user_allows_it(s
     for sid in others:
         refused, text, is_error = local_save(proc, {"session": sid})
         assert is_error and refused["error"] == "other_project", (sid, refused)
-        assert '"A4SX_MCP_ALL_PROJECTS": "1"' in text and project in text and "Nothing was sent." in text, text
+        assert '"A4SX_MCP_ALL_PROJECTS": "1"' in text and "Nothing was sent." in text, text
     assert stub.requests() == []
     missing, _, is_error = local_save(proc, {"session": "not-recorded"})
     assert is_error and missing["error"] == "no_local_session"
