@@ -2685,14 +2685,15 @@ TOOLS = [
         "description": (
             "Save the session you are in to your PRIVATE a4sx library: this local server reads its transcript "
             "from the agent's own session files (Claude Code, Codex CLI), so there is no transcript to pass. "
-            "Or name another session recorded on this machine by its id. It is scrubbed of secrets and personal "
-            "data here first; saving the same session again adds a new version to the entry it was saved to. "
-            "Nothing is made public."),
+            "Or name another session of this project recorded on this machine by its id. It is scrubbed of "
+            "secrets and personal data here first; saving the same session again adds a new version to the entry "
+            "it was saved to. Nothing is made public."),
         "inputSchema": _object({
             "session": {"type": "string", "minLength": 1, "maxLength": 128, "pattern": LOCAL_ID_PATTERN,
                         "default": "current",
                         "description": "current (default): the session this call comes from. Else the id of a "
-                                       "Claude Code session or Codex CLI rollout recorded on this machine."},
+                                       "Claude Code session or Codex CLI rollout of this project recorded on this "
+                                       "machine (another project's only if the user allowed it)."},
             "title": PUBLISH_PROPERTIES["title"],
             "label": PUBLISH_PROPERTIES["label"],
             "parent": PUBLISH_PROPERTIES["parent"],

@@ -5522,6 +5522,16 @@ def test_local_session_saved_as_says_what_the_server_did(spawn, stub, token, env
     grown, _, is_error = local_save(proc, {"session": sid})
     assert not is_error and grown["saved_as"] == "new_version" and grown["version"] == "3", grown
     assert grown["next"] == a4sx_mcp.SAVED_NEXT and len(stub.pushes) == 2
+    # an answer that does not match what was sent (into one entry, stored in another) is reported as
+    # answered, and never remembered as this session's entry
+    stub.queue("POST /library/push", 201, {"collection": "lib-elsewhere", "version": "1", "deduped": False})
+    with open(path, "ab") as f:
+        f.write(claude_jsonl([claude_record("assistant", "a third turn", session_id=sid)]))
+    moved, _, is_error = local_save(proc, {"session": sid})
+    assert not is_error and moved["library_id"] == "lib-elsewhere" and moved["saved_as"] == "new_entry", moved
+    assert stub.requests("POST /library/push")[-1]["query"]["into"] == "lib-named"
+    saved = json.loads((env["cfg"] / "saved-sessions.json").read_text())
+    assert saved == {stub.base: {"claude-code:" + sid: "lib-named"}}
 
 
 def test_local_session_rate_limit_comes_before_the_file_is_read(spawn, stub, token, env):
