@@ -2580,10 +2580,8 @@ PUBLISH_PROPERTIES = {
     "client_scrubbed": {"type": "boolean",
                         "description": "Accepted for compatibility: it is always scrubbed here."},
     "idempotency_key": {"type": "string", "minLength": 1, "maxLength": 128, "pattern": "^[\\x21-\\x7e]+$",
-                        "description": "To retry a save that failed, pass the key its error named: the same "
-                                       "key with the same content and arguments returns the first answer instead "
-                                       "of saving twice; other content is always a save of its own. Default: a "
-                                       "new one."},
+                        "description": "Retry a failed save with the key its error named: the same key and "
+                                       "content get the first answer; other content is its own save. Default: new."},
 }
 
 
@@ -2693,7 +2691,7 @@ TOOLS = [
                         "default": "current",
                         "description": "current (default): the session this call comes from. Else the id of a "
                                        "Claude Code session or Codex CLI rollout of this project recorded on this "
-                                       "machine (another project's only if the user allowed it)."},
+                                       "machine."},
             "title": PUBLISH_PROPERTIES["title"],
             "label": PUBLISH_PROPERTIES["label"],
             "parent": PUBLISH_PROPERTIES["parent"],
