@@ -2183,9 +2183,11 @@ def project_folders(project):
 def of_this_project(settings, session):
     """True when ``session`` was recorded in this server's project (``CLAUDE_PROJECT_DIR``, else the
     working directory): Claude Code's folder for it, or a Codex rollout whose first record's cwd it is."""
+    project = os.path.normpath(settings.project_dir) if settings.project_dir else ""
     if session.harness == "claude-code":
-        return session.parts[0] in project_folders(settings.project_dir)
-    return bool(settings.project_dir) and _rollout_cwd(session) == settings.project_dir
+        return session.parts[0] in project_folders(project)
+    cwd = _rollout_cwd(session)
+    return bool(project) and isinstance(cwd, str) and bool(cwd) and os.path.normpath(cwd) == project
 
 
 def project_sessions(settings, sessions):
@@ -2205,7 +2207,9 @@ def _rollout_cwd(session):
         return None
     with handle:
         record = parse_record(handle.readline(64 * KiB).decode("utf-8", "replace"))
-    payload = record.get("payload") if isinstance(record, dict) else None
+    if not isinstance(record, dict) or record.get("type") != "session_meta":
+        return None
+    payload = record.get("payload")
     return payload.get("cwd") if isinstance(payload, dict) else None
 
 

@@ -5294,6 +5294,10 @@ def test_local_session_of_another_project_is_refused_unless_the_user_allows_it(s
     for sid in mine:
         saved, _, is_error = local_save(proc, {"session": sid})
         assert not is_error and saved["local_session"]["id"] == sid, saved
+    slashed = spawn(extra_env={"CLAUDE_PROJECT_DIR": project + "/"})  # the same project
+    for sid in mine:
+        again, _, is_error = local_save(slashed, {"session": sid})
+        assert not is_error and again["saved_as"] == "unchanged", again
     elsewhere = spawn(extra_env={"CLAUDE_PROJECT_DIR": "/tmp/no-sessions-here"})
     missing, _, is_error = local_save(elsewhere, {"session": "not-recorded"})
     assert is_error and missing["sessions"] == []  # no fallback to every project's sessions
