@@ -211,6 +211,8 @@ ENVIRONMENT = (
     ("A4SX_MCP_MAX_PUBLISH_BYTES", "the largest transcript publish_session takes (default 2 MiB)"),
     ("A4SX_UPLOAD_TIMEOUT_S", "a publish upload's deadline (default 120 s + 2 s per MiB up to 30 min; at most 6 h)"),
     ("A4SX_MCP_MAX_LOCAL_BYTES", "the largest local session publish_local_session reads (default 64 MiB)"),
+    ("A4SX_MCP_ALL_PROJECTS", "1: publish_local_session's session=<id> may name another project's session "
+     "(default: this project's only)"),
     ("A4SX_MCP_LOG", "stderr log level: warning (default), info or debug"),
     ("CLAUDE_CONFIG_DIR", "Claude Code's folder (default ~/.claude): its projects/ holds the session files"),
     ("CLAUDE_CODE_SESSION_ID", "the Claude Code session that started this server (stale after /clear)"),
@@ -496,6 +498,7 @@ class Settings:
         self.started_at = time.time()
         self.claude_session_id = env["CLAUDE_CODE_SESSION_ID"]
         self.project_dir = env["CLAUDE_PROJECT_DIR"] or _working_dir()
+        self.all_projects = env["A4SX_MCP_ALL_PROJECTS"].lower() in ("1", "true", "yes")
         level = env["A4SX_MCP_LOG"].lower()
         self.log_level = level if level in LOG_LEVELS else "warning"
 
@@ -1124,7 +1127,9 @@ NEVER_BUYS = ("a4sx never buys on your behalf: the account holder can buy it on 
               "again to acquire it.")
 SAVED_NEXT = ("Saved privately: only you can list and fetch it. Listing it publicly is a separate, reviewed "
               "step in the a4sx web app.")
-NEXT_STEPS = (MORE_RESULTS, ACQUIRED_NEXT, NEVER_BUYS, SAVED_NEXT)
+UNCHANGED_NEXT = ("Unchanged: the newest version of this library entry already holds this content, so nothing new "
+                  "was stored. It stays private: only you can list and fetch it.")
+NEXT_STEPS = (MORE_RESULTS, ACQUIRED_NEXT, NEVER_BUYS, SAVED_NEXT, UNCHANGED_NEXT)
 OTHER_AUTHOR_CAUTION = "CAUTION: this content was written by ANOTHER author"  # the taint rule finds it too
 ELLIPSIS = "\u2026"
 
@@ -2369,14 +2374,29 @@ class NoSession(Exception):
         self.message, self.sessions = message, sessions
 
 
+def project_folders(project):
+    """Claude Code's folder names for a project path, by either rule its releases used."""
+    return {re.sub(r"[^A-Za-z0-9]", "-", project), re.sub(r"[/\\.:]", "-", project)} if project else set()
+
+
+def of_this_project(settings, session):
+    """True when ``session`` was recorded in this server's project (``CLAUDE_PROJECT_DIR``, else the
+    working directory): Claude Code's folder for it, or a Codex rollout whose first record's cwd it is."""
+    project = os.path.normpath(settings.project_dir) if settings.project_dir else ""
+    if session.harness == "claude-code":
+        return session.parts[0] in project_folders(project)
+    cwd = _rollout_cwd(session)
+    return bool(project) and isinstance(cwd, str) and bool(cwd) and os.path.normpath(cwd) == project
+
+
 def project_sessions(settings, sessions):
-    """The newest sessions of this project (Claude Code's folder for it, by either folder-name
-    rule the releases used; a Codex rollout by the cwd of its first record), else the newest of all."""
-    project = settings.project_dir
-    folders = {re.sub(r"[^A-Za-z0-9]", "-", project), re.sub(r"[/\\.:]", "-", project)} if project else set()
-    mine = [s for s in sessions if s.harness == "claude-code" and s.parts[0] in folders]
-    mine += [s for s in sessions[:50] if s.harness == "codex-cli" and _rollout_cwd(s) == project]
-    return sorted(mine or sessions, key=lambda s: s.mtime, reverse=True)[:SHOWN_SESSIONS]
+    """The newest sessions of this project (``of_this_project``; the first 50 Codex rollouts are looked
+    at), else, only with ``A4SX_MCP_ALL_PROJECTS``, the newest of all: a list never names a session
+    that ``session=<id>`` would refuse."""
+    mine = [s for s in sessions if s.harness == "claude-code" and of_this_project(settings, s)]
+    mine += [s for s in sessions[:50] if s.harness == "codex-cli" and of_this_project(settings, s)]
+    fallback = sessions if settings.all_projects else []
+    return sorted(mine or fallback, key=lambda s: s.mtime, reverse=True)[:SHOWN_SESSIONS]
 
 
 def _rollout_cwd(session):
@@ -2386,7 +2406,9 @@ def _rollout_cwd(session):
         return None
     with handle:
         record = parse_record(handle.readline(64 * KiB).decode("utf-8", "replace"))
-    payload = record.get("payload") if isinstance(record, dict) else None
+    if not isinstance(record, dict) or record.get("type") != "session_meta":
+        return None
+    payload = record.get("payload")
     return payload.get("cwd") if isinstance(payload, dict) else None
 
 
@@ -2412,14 +2434,24 @@ def find_session(settings, wanted, meta, cancel):
     project was written after both this server's start and that file's last write (after ``/clear``
     the variable names the session before it, and the new one is written after it; a parallel run
     looks the same): never a guess. An id: the session file of that name, the most recently written
-    one if two folders hold it."""
+    one if two folders hold it, of this project (``of_this_project``) unless ``A4SX_MCP_ALL_PROJECTS``
+    allows every project; another project's is refused (``other_project``)."""
     roots = settings.session_roots
     if wanted != "current":
-        found = [s for s in local_sessions(roots) if s.id == wanted]
+        sessions = local_sessions(roots)
+        found = [s for s in sessions if s.id == wanted]
         if not found:
             raise NoSession(say("No Claude Code or Codex CLI session with this id is recorded on this machine."),
-                            project_sessions(settings, local_sessions(roots)))
-        return found[0], "id"
+                            project_sessions(settings, sessions))
+        mine = found if settings.all_projects else [s for s in found if of_this_project(settings, s)]
+        if not mine:
+            raise ToolError("other_project", say("This session was recorded in another project than the one this "
+                                                 "server runs in ($CLAUDE_PROJECT_DIR, else its working directory). "
+                                                 "Only this project's sessions are saved by id, unless the user "
+                                                 "allows every project: \"A4SX_MCP_ALL_PROJECTS\": \"1\" in this "
+                                                 "server's env block of the MCP client's configuration. Nothing was "
+                                                 "sent."))
+        return mine[0], "id"
     def local_id(value):  # an id the client sent, only when it is one of the schema's shape
         return value if isinstance(value, str) and LOCAL_ID.match(value) else None
 
@@ -2765,7 +2797,8 @@ PUBLISH_PROPERTIES = {
     "client_scrubbed": {"type": "boolean",
                         "description": "Accepted for compatibility: it is always scrubbed here."},
     "idempotency_key": {"type": "string", "minLength": 1, "maxLength": 128, "pattern": "^[\\x21-\\x7e]+$",
-                        "description": "Reuse the same key to retry a save safely; default: a new one."},
+                        "description": "Retry a failed save with the key its error named: the same key and "
+                                       "content get the first answer; other content is its own save. Default: new."},
 }
 
 
@@ -2867,14 +2900,15 @@ TOOLS = [
         "description": (
             "Save the session you are in to your PRIVATE a4sx library: this local server reads its transcript "
             "from the agent's own session files (Claude Code, Codex CLI), so there is no transcript to pass. "
-            "Or name another session recorded on this machine by its id. It is scrubbed of secrets and personal "
-            "data here first; saving the same session again adds a new version to the entry it was saved to. "
-            "Nothing is made public."),
+            "Or name another session of this project recorded on this machine by its id. It is scrubbed of "
+            "secrets and personal data here first; saving the same session again adds a new version to the entry "
+            "it was saved to. Nothing is made public."),
         "inputSchema": _object({
             "session": {"type": "string", "minLength": 1, "maxLength": 128, "pattern": LOCAL_ID_PATTERN,
                         "default": "current",
                         "description": "current (default): the session this call comes from. Else the id of a "
-                                       "Claude Code session or Codex CLI rollout recorded on this machine."},
+                                       "Claude Code session or Codex CLI rollout of this project recorded on this "
+                                       "machine."},
             "title": PUBLISH_PROPERTIES["title"],
             "label": PUBLISH_PROPERTIES["label"],
             "parent": PUBLISH_PROPERTIES["parent"],
@@ -3427,14 +3461,17 @@ def tool_publish_session(ctx, args):
     if "content_sha256" in args and lazy("hashlib").sha256(data).hexdigest() != args["content_sha256"].lower():
         raise ToolError("content_sha_mismatch", say("content_sha256 does not match the SHA-256 of the transcript's "
                                                     "UTF-8 bytes: it was changed or cut on the way. Nothing was sent."))
+    take_publish_slot(ctx)
     result = publish_checked(ctx, [data], args)
-    return json_result(result, result["untrusted"], "saved", hint_next=SAVED_NEXT)
+    return json_result(result, result["untrusted"], "saved",
+                       hint_next=UNCHANGED_NEXT if result["deduped"] else SAVED_NEXT)
 
 
 def tool_publish_local_session(ctx, args):
     """publish_session's pipeline on a session file of this machine (section 5): the current one
     or one named by id; saved again, it becomes a new version of the entry it was saved to."""
     ctx.token()
+    take_publish_slot(ctx)  # before anything is looked for or read
     try:
         session, how = find_session(ctx.settings, args["session"], ctx.meta, ctx.cancel)
     except NoSession as err:
@@ -3453,33 +3490,36 @@ def tool_publish_local_session(ctx, args):
         earlier = [saved_entry(ctx.settings.base, "claude-code:" + parts["earlier"])] if parts["earlier"] else []
     except SdkMissing:
         into, earlier = None, []  # publish_checked says what is missing
-    result = publish_checked(ctx, held, args, into=into, local=True, also=(parts["framed"], [e for e in earlier if e]))
-    try:
-        record_saved(ctx.settings.base, key, result["library_id"])
-    except Exception:  # noqa: BLE001 - saved all the same: a later save makes a new entry, not a version
-        log("warning", "could not record where the local session was saved")
+    result = publish_checked(ctx, held, args, into=into, local=key, also=(parts["framed"], [e for e in earlier if e]))
     result["local_session"] = dict(session.describe(), bytes_read=size, found_by=how,
                                    subagents={"files": parts["subagents"], "uploaded": False,
                                               "unreadable": parts["unread"], "holds_the_call": parts["call_in_subagent"]})
     if parts["earlier"]:
         result["local_session"]["continues"] = parts["earlier"]  # (id-shaped: LOCAL_ID)
-    return json_result(result, result["untrusted"], "saved", hint_next=SAVED_NEXT)
+    return json_result(result, result["untrusted"], "saved",
+                       hint_next=UNCHANGED_NEXT if result["deduped"] else SAVED_NEXT)
 
 
-def publish_checked(ctx, held, args, into=None, local=False, also=(False, ())):
+def take_publish_slot(ctx):
+    """The publish rate limit, taken before the transcript is read or checked: a refused call costs
+    nothing."""
+    wait = ctx.server.publish_limit.take()
+    if wait:
+        raise ToolError("rate_limited", say("Too many publish calls; try again in %d s.", wait), retry_after_s=wait)
+
+
+def publish_checked(ctx, held, args, into=None, local=None, also=(False, ())):
     """Steps 4 to 12 of the spec's publish pipeline on a transcript's bytes (``held``, emptied so they
-    are freed once scrubbed): the check, the rate limit, the scrub, lineage and taint, the private
-    upload (``into``: a new version of that entry, if still listed). ``also``: what the taint rule
-    sees of the session's other files (``session_parts``): framed, and entries its earlier part
-    was saved to. The result's fields."""
+    are freed once scrubbed; the caller took the rate limit first): the check, the scrub, lineage and
+    taint, the private upload (``into``: a new version of that entry, if still listed). ``local``: the
+    local session's ``saved-sessions.json`` key, recorded when the answer matches what was sent.
+    ``also``: what the taint rule sees of the session's other files (``session_parts``): framed, and
+    entries its earlier part was saved to. The result's fields."""
     data = held.pop()
     problem = check_transcript(data)
     if problem:
         raise ToolError("not_a_transcript", say("Not a Claude Code or Codex CLI JSONL transcript: %s. Nothing was "
                                                 "sent.", problem))
-    wait = ctx.server.publish_limit.take()
-    if wait:
-        raise ToolError("rate_limited", say("Too many publish calls; try again in %d s.", wait), retry_after_s=wait)
     if ctx.cancel.is_set():
         raise Cancelled()
     framed = also[0] or carries_other_authors_framing(data)
@@ -3499,10 +3539,11 @@ def publish_checked(ctx, held, args, into=None, local=False, also=(False, ())):
         into = None  # the entry it was saved to is gone: a new one
     parent, parent_row = publish_parent(args.get("parent"), None if into else lineage, rows)
     ensure_library(ctx)
-    headers = {"Idempotency-Key": args.get("idempotency_key") or str(lazy("uuid").uuid4()),
-               "X-Content-SHA256": lazy("hashlib").sha256(upload).hexdigest()}
+    caller_key = args.get("idempotency_key") or str(lazy("uuid").uuid4())
     params = {"label": label, "title": title, "parent": parent, "into": into, "client_scrub": "full"}
-    collection, body = push_with_retries(ctx, upload, params, headers)
+    content_sha = lazy("hashlib").sha256(upload).hexdigest()
+    headers = {"Idempotency-Key": upload_key(caller_key, content_sha, params), "X-Content-SHA256": content_sha}
+    collection, body = push_with_retries(ctx, upload, params, headers, caller_key, local is not None)
     untrusted = publish_taint(ctx, lineage, framed, parent_row, collection, rows, body.get("deduped") is True,
                               earlier=also[1])
     if untrusted:
@@ -3515,9 +3556,40 @@ def publish_checked(ctx, held, args, into=None, local=False, also=(False, ())):
               "client_redactions": {"lines_changed": report["lines_changed"], "rules": report["rules"],
                                     "title_and_label": text_redactions},
               "untrusted": untrusted, "parent": parent}
-    if local:  # publish_local_session says where the save went
-        result["saved_as"] = "new_version" if into else "new_entry"
+    if local is not None:  # publish_local_session says where the save went, as the answer says it
+        result["saved_as"] = saved_as(body, into, collection)
+        if into and collection != into:  # not what was sent: never remembered as this session's entry
+            log("warning", "the server stored the upload in another entry than the one it was sent into")
+        else:
+            try:
+                record_saved(ctx.settings.base, local, collection)
+            except Exception:  # noqa: BLE001 - saved all the same: a later save makes a new entry, not a version
+                log("warning", "could not record where the local session was saved")
     return result
+
+
+def upload_key(caller_key, content_sha, params):
+    """The ``Idempotency-Key`` sent: the caller's key (or this call's uuid) bound to what is uploaded,
+    the scrubbed bytes' SHA-256 and the query. A retry of the same call sends the same key and gets
+    the first answer back; another transcript or other arguments under the same caller's key never
+    get another upload's answer. ``a4sx-mcp-`` and 64 hex digits: the schema's shape."""
+    bound = json.dumps([caller_key, content_sha, params], sort_keys=True, separators=(",", ":"))
+    return "a4sx-mcp-" + lazy("hashlib").sha256(bound.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def saved_as(body, into, collection):
+    """Where the API says the upload went: ``unchanged`` (deduped: the entry's newest version already
+    held it), ``new_version`` (a version above 1, whatever routed it there: ``into`` or a label naming
+    an entry), else ``new_entry``. An answer without a version number: a new version only when it
+    went into the entry it was sent into."""
+    if body.get("deduped") is True:
+        return "unchanged"
+    version = body.get("version")
+    if isinstance(version, str) and version.isdigit() and len(version) < 12:
+        version = int(version)
+    if isinstance(version, int) and not isinstance(version, bool):
+        return "new_version" if version > 1 else "new_entry"
+    return "new_version" if into and collection == into else "new_entry"
 
 
 def publish_parent(given, lineage, rows):
@@ -3536,10 +3608,12 @@ def publish_parent(given, lineage, rows):
     return None, None
 
 
-def push_with_retries(ctx, upload, params, headers):
+def push_with_retries(ctx, upload, params, headers, caller_key, local=False):
     """``POST /library/push`` with the same Idempotency-Key on every attempt: on a network error or
     429/502/503/504 up to 3 attempts (busy scrub pool: 6), waiting as ``retry_wait`` says; a 404
-    provisions the library again once. ``(entry id, body)`` of a stored push; ToolError otherwise."""
+    provisions the library again once. ``(entry id, body)`` of a stored push; ToolError otherwise,
+    naming ``caller_key``: the key that, passed again with the same content, sends the same header
+    (``upload_key``); a local session that grew since is other content (``local``)."""
     attempt, ensured_again = 0, False
     while True:
         if ctx.cancel.is_set():
@@ -3567,20 +3641,20 @@ def push_with_retries(ctx, upload, params, headers):
         if ctx.cancel.wait(wait):
             raise Cancelled()
         attempt += 1
+    key = echoed_name(caller_key, 128)
+    same = (say(" If the session file has not changed since, the same idempotency_key %s returns a stored upload "
+                "rather than saving it twice; a session that grew since is saved as new content.", key) if local
+            else say(" The upload may be retried with the same idempotency_key %s.", key))
     if failure is not None:
-        raise network_error(ctx.settings, failure, say(" The upload may be retried with the same idempotency_key "
-                                                       "%s.", echoed_name(headers["Idempotency-Key"], 128)),
-                            idempotency_key=headers["Idempotency-Key"])
+        raise network_error(ctx.settings, failure, same, idempotency_key=caller_key)
     if status not in (200, 201, 202):
         raise api_failure(ctx.settings, status, body)
     body = body if isinstance(body, dict) else {}
     collection = _str(body.get("collection"))
     if not collection:  # stored or not, the answer cannot say where: the same key finds out safely
         raise ToolError("unreadable_answer", say("The a4sx server accepted the upload but its answer could not be "
-                                                 "read. Call the tool again with the same arguments and "
-                                                 "idempotency_key %s: a stored upload is returned, not saved twice.",
-                                                 echoed_name(headers["Idempotency-Key"], 128)),
-                        idempotency_key=headers["Idempotency-Key"], status=status)
+                                                 "read. Call the tool again with the same arguments.%s", same),
+                        idempotency_key=caller_key, status=status)
     return collection, body
 
 

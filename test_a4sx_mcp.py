@@ -109,6 +109,9 @@ _guard_namespace = {}
 exec(compile(GUARD_CODE, "<offline guard>", "exec"), _guard_namespace)  # installs it in this process
 
 
+TEST_PROJECT = "/tmp/project"  # the project a spawned server runs in (Claude Code's folder: -tmp-project)
+
+
 @pytest.fixture(autouse=True)
 def env(tmp_path, monkeypatch, guard_dir):
     """Every test: a throwaway HOME and config dir, no inherited A4SX_* variables, and a guard log
@@ -128,6 +131,7 @@ def env(tmp_path, monkeypatch, guard_dir):
     monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
     for key in ("CLAUDE_CONFIG_DIR", "CLAUDE_CODE_SESSION_ID", "CLAUDE_PROJECT_DIR", "CODEX_HOME"):
         monkeypatch.delenv(key, raising=False)  # the suite may run inside an agent: not its sessions
+    monkeypatch.setenv("CLAUDE_PROJECT_DIR", TEST_PROJECT)  # the project of claude_session's and codex_records' files
     yield {"home": home, "cfg": cfg}
     violations = guard_log.read_text() if guard_log.exists() else ""
     assert violations == "", "network access outside loopback: " + violations
@@ -4596,7 +4600,7 @@ def test_publish_scrubs_and_saves_privately(mcp, stub, token):
     push = stub.requests("POST /library/push")[0]
     assert key.encode() not in push["body"] and mail.encode() not in push["body"]
     assert push["headers"]["x-content-sha256"] == hashlib.sha256(push["body"]).hexdigest()
-    assert re.fullmatch(r"[0-9a-f-]{36}", push["headers"]["idempotency-key"])
+    assert re.fullmatch(r"a4sx-mcp-[0-9a-f]{64}", push["headers"]["idempotency-key"])  # this call's uuid, bound
     assert push["headers"]["content-type"] == "application/octet-stream"
     assert push["headers"]["authorization"] == "Bearer " + token
     assert push["query"]["client_scrub"] == "full" and push["query"]["label"] == "my-work"
@@ -4610,18 +4614,37 @@ def test_publish_scrubs_and_saves_privately(mcp, stub, token):
     assert key not in text and mail not in text
 
 
+def sent_key(caller_key, push):
+    """The Idempotency-Key a push of the caller's key carries: bound to its bytes and its query."""
+    params = {name: push["query"].get(name) for name in ("label", "title", "parent", "into", "client_scrub")}
+    return a4sx_mcp.upload_key(caller_key, hashlib.sha256(push["body"]).hexdigest(), params)
+
+
 def test_publish_codex_transcript_and_the_caller_key(mcp, stub, token):
+    """The caller's key is bound to what is uploaded: the same call again gets the first answer (no
+    second version); another transcript, or the same one with other arguments, under the same key
+    is a save of its own, never the first one's answer."""
     codex = (TESTDATA / "codex-0.169.0-plain.jsonl").read_text()  # a real rollout
     structured, _, is_error = mcp.tool("publish_session", {"transcript": codex, "idempotency_key": "my-key-1"})
     assert not is_error
-    assert stub.requests("POST /library/push")[0]["headers"]["idempotency-key"] == "my-key-1"
+    push = stub.requests("POST /library/push")[0]
+    assert push["headers"]["idempotency-key"] == sent_key("my-key-1", push) != "my-key-1"
     structured2, _, _ = mcp.tool("publish_session", {"transcript": codex, "idempotency_key": "my-key-1"})
     assert structured2["library_id"] == structured["library_id"] and len(stub.pushes) == 1
+    assert structured2["version"] == structured["version"] == "1"
+    other, _, is_error = mcp.tool("publish_session", {"transcript": cc_transcript("other"), "idempotency_key": "my-key-1"})
+    assert not is_error and len(stub.pushes) == 2 and other["library_id"] == stub.pushes[1]["collection"]
+    assert other["library_id"] != structured["library_id"]
+    titled, _, is_error = mcp.tool("publish_session", {"transcript": codex, "idempotency_key": "my-key-1", "title": "T"})
+    assert not is_error and len(stub.pushes) == 3 and titled["library_id"] == stub.pushes[2]["collection"]
+    assert len({p["headers"]["idempotency-key"] for p in stub.requests("POST /library/push")}) == 3
 
 
 def test_publish_checks_run_in_order_and_send_nothing(spawn, stub, env):
     big = cc_transcript(turns=400)
-    proc = spawn(extra_env={"A4SX_MCP_MAX_PUBLISH_BYTES": "4096", "A4SX_MCP_PUBLISH_PER_MIN": "1"})
+    # a slot is taken after the size and SHA-256 checks, before the transcript check: 6 calls refused by
+    # that check, 1 saved, then the next is rate_limited
+    proc = spawn(extra_env={"A4SX_MCP_MAX_PUBLISH_BYTES": "4096", "A4SX_MCP_PUBLISH_PER_MIN": "7"})
     structured, _, _ = proc.tool("publish_session", {"transcript": big, "content_sha256": "0" * 64})
     assert structured["error"] == "not_signed_in"
     token = sign_in(env, stub.base)
@@ -4709,11 +4732,18 @@ def test_publish_network_error_is_retried_with_the_same_key(mcp, stub, token):
         stub.queue("POST /library/push", 503, {"error": {"code": "unavailable", "details": {"retry_after_s": 1}}})
     for _ in range(3):  # (a dropped kept-alive connection is tried again at once)
         stub.queue("POST /library/push", drop=True)
-    structured, text, is_error = mcp.tool("publish_session", {"transcript": cc_transcript("again")}, timeout=60)
+    transcript = cc_transcript("again")
+    structured, text, is_error = mcp.tool("publish_session", {"transcript": transcript}, timeout=60)
     keys = [p["headers"]["idempotency-key"] for p in stub.requests("POST /library/push")[2:]]
     assert is_error and structured["error"] == "network_error" and len(keys) >= 3 and len(set(keys)) == 1
-    # the error names the key that makes a retry safe
-    assert structured["idempotency_key"] == keys[0] and "same idempotency_key %s." % keys[0] in text
+    # the error names the key that makes a retry safe: the call's own, which the header was bound from
+    key = structured["idempotency_key"]
+    assert re.fullmatch(r"[0-9a-f-]{36}", key) and "same idempotency_key %s." % key in text
+    assert keys[0] == sent_key(key, stub.requests("POST /library/push")[-1])
+    for _ in range(2):  # the retry it asks for sends that header again: saved once, then the same answer
+        again, _, is_error = mcp.tool("publish_session", {"transcript": transcript, "idempotency_key": key})
+        assert not is_error and again["library_id"] == stub.pushes[-1]["collection"] and len(stub.pushes) == 2
+    assert stub.requests("POST /library/push")[-1]["headers"]["idempotency-key"] == keys[0]
 
 
 def test_publish_parent_resolution(mcp, stub, token, env):
@@ -4924,9 +4954,10 @@ def _real_lines(name):
     return [json.loads(line) for line in (TESTDATA / name).read_bytes().splitlines() if line.strip()]
 
 
-def test_publish_refuses_records_that_are_not_the_harness_s(mcp, stub, token):
+def test_publish_refuses_records_that_are_not_the_harness_s(spawn, stub, token):
     """The rule (section 4): each harness's envelope on every line, not a list of types. A real
     transcript with one record changed is refused at that line; made-up records cannot carry a file."""
+    mcp = spawn(extra_env={"A4SX_MCP_PUBLISH_PER_MIN": "0"})  # each call takes a publish slot before its check
     passwd = "root:x:0:0:root:/root:/bin/bash"
     claude = _real_lines("claude-code-2.1.332-plain.jsonl")
     codex = _real_lines("codex-0.169.0-plain.jsonl")
@@ -4965,8 +4996,9 @@ def test_publish_refuses_records_that_are_not_the_harness_s(mcp, stub, token):
     assert len(stub.pushes) == 2
 
 
-def test_publish_transcript_check_word_for_word(mcp, stub, token):
+def test_publish_transcript_check_word_for_word(spawn, stub, token):
     """What makes a transcript, and the reason given for each refusal (found by mutation testing)."""
+    mcp = spawn(extra_env={"A4SX_MCP_PUBLISH_PER_MIN": "0"})  # each call takes a publish slot before its check
     reasons = (("[]\n", "line 1 is not a JSON object"), ("{nope\n", "line 1 is not valid JSON"),
                ('{"type": 5}\n', 'line 1 has no string "type"'), ("\n \n", "the transcript has no records"),
                (json.dumps({"type": "t" * 65, "sessionId": "s"}) + "\n",
@@ -5151,12 +5183,12 @@ def test_publish_refuses_files_that_are_not_transcripts_and_scrubs_smuggled_secr
 
 def test_publish_with_an_unreadable_success_answer_says_how_to_retry(mcp, stub, token):
     stub.queue("POST /library/push", 201, raw=b"<html>saved?</html>", store=True)
-    structured, text, is_error = mcp.tool("publish_session", {"transcript": cc_transcript("unreadable")})
+    transcript = cc_transcript("unreadable")
+    structured, text, is_error = mcp.tool("publish_session", {"transcript": transcript})
     assert is_error and structured["error"] == "unreadable_answer" and structured["status"] == 201
     key = structured["idempotency_key"]
     assert key in text and len(stub.pushes) == 1
-    again, _, is_error = mcp.tool("publish_session", {"transcript": cc_transcript("unreadable"),
-                                                      "idempotency_key": key})
+    again, _, is_error = mcp.tool("publish_session", {"transcript": transcript, "idempotency_key": key})
     assert not is_error and again["library_id"] == stub.pushes[0]["collection"] and len(stub.pushes) == 1
 
 
@@ -5403,7 +5435,7 @@ def test_local_session_by_id_and_ids_that_look_like_paths(spawn, stub, token, en
     """An id is matched against the names the session folders hold; it never becomes part of a path."""
     outside = tmp_path / "outside.jsonl"
     outside.write_bytes(claude_jsonl([claude_record("user", "not a session of this machine", session_id="outside")]))
-    sid, _ = claude_session(env, [claude_record("user", "by id")], folder="-tmp-another-project")
+    sid, _ = claude_session(env, [claude_record("user", "by id")])
     proc = spawn()
     for bad in ("../../outside", "..", "/tmp/outside", "a/b", ".hidden", "x.jsonl", "x y", "-x", "é", "a" * 129,
                 str(outside)):
@@ -5415,6 +5447,46 @@ def test_local_session_by_id_and_ids_that_look_like_paths(spawn, stub, token, en
     saved, _, is_error = local_save(proc, {"session": sid})
     assert not is_error and saved["local_session"] == dict(saved["local_session"], id=sid, found_by="id")
     assert len(stub.pushes) == 1
+
+
+def test_local_session_of_another_project_is_refused_unless_the_user_allows_it(spawn, stub, token, env):
+    """session=<id> names a session of the server's project ($CLAUDE_PROJECT_DIR): Claude Code's folder
+    for it by either naming rule its releases used, a Codex rollout whose session_meta records it as
+    cwd. Another project's is refused (nothing sent) until the user sets A4SX_MCP_ALL_PROJECTS in the
+    server's env; the list of an unknown id names only this project's sessions."""
+    project = "/tmp/my_project.v2"  # Claude Code's folder: -tmp-my-project-v2 (2.x) or -tmp-my_project-v2 (1.0)
+    mine = [claude_session(env, [claude_record("user", "new rule")], folder="-tmp-my-project-v2")[0],
+            claude_session(env, [claude_record("user", "old rule")], folder="-tmp-my_project-v2")[0]]
+    codex_id = str(uuid.uuid4())
+    records = codex_records(codex_id)
+    records[0]["payload"]["cwd"] = project
+    mine.append(codex_rollout(env, records, session_id=codex_id)[0])
+    others = [claude_session(env, [claude_record("user", "a confidential project")])[0],  # /tmp/project's
+              codex_rollout(env, codex_records(str(uuid.uuid4())), day=("2026", "12", "01"))[0]]
+    proc = spawn(extra_env={"CLAUDE_PROJECT_DIR": project})
+    for sid in others:
+        refused, text, is_error = local_save(proc, {"session": sid})
+        assert is_error and refused["error"] == "other_project", (sid, refused)
+        assert '"A4SX_MCP_ALL_PROJECTS": "1"' in text and "Nothing was sent." in text, text
+    assert stub.requests() == []
+    missing, _, is_error = local_save(proc, {"session": "not-recorded"})
+    assert is_error and missing["error"] == "no_local_session"
+    assert sorted(s["id"] for s in missing["sessions"]) == sorted(mine), missing
+    for sid in mine:
+        saved, _, is_error = local_save(proc, {"session": sid})
+        assert not is_error and saved["local_session"]["id"] == sid, saved
+    slashed = spawn(extra_env={"CLAUDE_PROJECT_DIR": project + "/"})  # the same project
+    for sid in mine:
+        again, _, is_error = local_save(slashed, {"session": sid})
+        assert not is_error and again["saved_as"] == "unchanged", again
+    elsewhere = spawn(extra_env={"CLAUDE_PROJECT_DIR": "/tmp/no-sessions-here"})
+    missing, _, is_error = local_save(elsewhere, {"session": "not-recorded"})
+    assert is_error and missing["sessions"] == []  # no fallback to every project's sessions
+    allowed = spawn(extra_env={"CLAUDE_PROJECT_DIR": project, "A4SX_MCP_ALL_PROJECTS": "1"})
+    for sid in others:
+        saved, _, is_error = local_save(allowed, {"session": sid})
+        assert not is_error and saved["local_session"]["id"] == sid, saved
+    assert len(stub.pushes) == len(mine) + len(others)
 
 
 def codex_call(call_id, stamp="2026-12-02T06:00:01.000Z"):
@@ -5866,6 +5938,78 @@ def test_local_session_saved_again_is_a_new_version_of_its_entry(spawn, stub, to
     fresh, _, is_error = local_save(proc, {"session": sid})
     assert not is_error and fresh["saved_as"] == "new_entry" and fresh["library_id"] != first["library_id"]
     assert "into" not in stub.pushes[-1]["query"]
+
+
+def test_local_sessions_saved_with_the_same_key_each_get_their_own_entry(spawn, stub, token, env):
+    """A key is bound to what is uploaded: session B saved with session A's key is B's own save (its
+    own entry, its own answer, its own record in saved-sessions.json); the same call again after an
+    unreadable answer gets the first answer back, without a second version."""
+    first, path_a = claude_session(env, [claude_record("user", "session A")])
+    second, path_b = claude_session(env, [claude_record("user", "session B")])
+    proc = spawn()
+    a, _, is_error = local_save(proc, {"session": first, "idempotency_key": "same-key"})
+    assert not is_error and a["local_session"]["id"] == first, a
+    b, _, is_error = local_save(proc, {"session": second, "idempotency_key": "same-key"})
+    assert not is_error and b["local_session"]["id"] == second and len(stub.pushes) == 2, b
+    assert b["library_id"] == stub.pushes[1]["collection"] != a["library_id"] and b["saved_as"] == "new_entry"
+    assert stub.pushes[1]["body"] == path_b.read_bytes()
+    saved = json.loads((env["cfg"] / "saved-sessions.json").read_text())[stub.base]
+    assert saved == {"claude-code:" + first: a["library_id"], "claude-code:" + second: b["library_id"]}
+    third, _ = claude_session(env, [claude_record("user", "session C")])
+    stub.queue("POST /library/push", 201, raw=b"<html>saved?</html>", store=True)
+    lost, text, is_error = local_save(proc, {"session": third, "idempotency_key": "key-c"})
+    assert is_error and lost["error"] == "unreadable_answer" and lost["idempotency_key"] == "key-c", lost
+    assert "If the session file has not changed since, the same idempotency_key key-c returns" in text, text
+    again, _, is_error = local_save(proc, {"session": third, "idempotency_key": "key-c"})
+    assert not is_error and again["library_id"] == stub.pushes[2]["collection"] and len(stub.pushes) == 3, again
+    assert again["version"] == "1" and again["saved_as"] == "new_entry"
+    keys = [p["headers"]["idempotency-key"] for p in stub.requests("POST /library/push")]
+    assert keys[2] == keys[3] and len(set(keys)) == 3
+
+
+def test_local_session_saved_as_says_what_the_server_did(spawn, stub, token, env):
+    """saved_as comes from the answer: a label that names an existing entry puts the save there as a new
+    version; saving unchanged content stores nothing and says so; a save after new turns is a new version."""
+    stub.library.append(library_row("lib-named", label="my-work"))
+    sid, path = claude_session(env, [claude_record("user", "first turn")])
+    proc = spawn()
+    routed, _, is_error = local_save(proc, {"session": sid, "label": "my-work"})
+    assert not is_error and routed["library_id"] == "lib-named" and routed["version"] == "2", routed
+    assert routed["saved_as"] == "new_version" and routed["deduped"] is False
+    unchanged, text, is_error = local_save(proc, {"session": sid})
+    assert not is_error and unchanged["deduped"] is True and unchanged["saved_as"] == "unchanged", unchanged
+    assert unchanged["next"] == a4sx_mcp.UNCHANGED_NEXT and "nothing new was stored" in text
+    assert len(stub.pushes) == 1
+    with open(path, "ab") as f:
+        f.write(claude_jsonl([claude_record("assistant", "a second turn", session_id=sid)]))
+    grown, _, is_error = local_save(proc, {"session": sid})
+    assert not is_error and grown["saved_as"] == "new_version" and grown["version"] == "3", grown
+    assert grown["next"] == a4sx_mcp.SAVED_NEXT and len(stub.pushes) == 2
+    # an answer that does not match what was sent (into one entry, stored in another) is reported as
+    # answered, and never remembered as this session's entry
+    stub.queue("POST /library/push", 201, {"collection": "lib-elsewhere", "version": "1", "deduped": False})
+    with open(path, "ab") as f:
+        f.write(claude_jsonl([claude_record("assistant", "a third turn", session_id=sid)]))
+    moved, _, is_error = local_save(proc, {"session": sid})
+    assert not is_error and moved["library_id"] == "lib-elsewhere" and moved["saved_as"] == "new_entry", moved
+    assert stub.requests("POST /library/push")[-1]["query"]["into"] == "lib-named"
+    saved = json.loads((env["cfg"] / "saved-sessions.json").read_text())
+    assert saved == {stub.base: {"claude-code:" + sid: "lib-named"}}
+
+
+def test_local_session_rate_limit_comes_before_the_file_is_read(spawn, stub, token, env):
+    """A refused call reads nothing: with one publish a minute, the second call is rate_limited even
+    for a file that would fail the transcript check or the size cap."""
+    good, _ = claude_session(env, [claude_record("user", "x")])
+    bad = str(uuid.uuid4())
+    (claude_project(env) / (bad + ".jsonl")).write_bytes(b"not a transcript\n" * 4096)
+    proc = spawn(extra_env={"A4SX_MCP_PUBLISH_PER_MIN": "1", "A4SX_MCP_MAX_LOCAL_BYTES": "4096"})
+    saved, _, is_error = local_save(proc, {"session": good})
+    assert not is_error, saved
+    for sid in (bad, good, "not-recorded"):
+        refused, _, is_error = local_save(proc, {"session": sid})
+        assert is_error and refused["error"] == "rate_limited" and refused["retry_after_s"] >= 1, (sid, refused)
+    assert len(stub.pushes) == 1
 
 
 def test_local_session_checks_come_first_and_nothing_is_read_signed_out(spawn, stub, env):

@@ -687,7 +687,8 @@ def local_measure(sizes, reps):
     rng = random.Random(20261202)
     stub, token, cfg = signed_in_stub(rng)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("A4SX_", "CLAUDE_", "CODEX_"))}
-    env.update(A4SX_CONFIG_DIR=cfg, HOME=cfg, A4SX_MCP_PUBLISH_PER_MIN="0", A4SX_MCP_PER_MIN="0")
+    env.update(A4SX_CONFIG_DIR=cfg, HOME=cfg, A4SX_MCP_PUBLISH_PER_MIN="0", A4SX_MCP_PER_MIN="0",
+               CLAUDE_PROJECT_DIR="/bench/project")  # the project of -bench-project's sessions
     from a4sx import scrub
     scrub.scrub_bytes(b'{"type":"user"}\n')  # the rules compiled before any timing
     rows = []
