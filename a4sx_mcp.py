@@ -1030,7 +1030,8 @@ def _parse_cost(payload, exact=False):
 # ASCII decodes to 4 bytes a character). The file, a line's bytes and that room keep the server
 # within 5x the file + 64 MiB whatever the line's shape (SECURITY.md claim 16; measured in
 # benchmarks/bench.py). A line costing at most WORST_BYTE_COST a byte fits without being counted.
-LINE_ROOM_PER_FILE_BYTE, LINE_ROOM_SLACK = 2, 16 * MiB
+LINE_ROOM_PER_FILE_BYTE = 2
+LINE_ROOM_SLACK = 16 * MiB
 WORST_BYTE_COST = 4 + 4 + DEAREST_BYTE  # its text and strings at 4 bytes a character, a "{" for every byte
 _WIDEST_LEAD = re.compile(b"[\xf0-\xff]")  # an astral character's first byte (or an invalid one)
 
