@@ -2486,13 +2486,17 @@ def scrub_transcript(data, title, label, cancel):
 def transcript_session_id(data):
     """The SDK's ``session_id_of`` (the ``sessionId`` of the first record that has one; a Codex CLI
     rollout has none), asked one candidate line at a time: the same answer. A line whose parse by the
-    SDK (two copies of its text) could exceed ``line_room`` is not handed to it (check_transcript
-    refuses a transcript with such a line before)."""
+    SDK (two copies of its text) could exceed ``line_room`` gets the SDK's rule on this file's parse
+    instead (one copy: within the room, since check_transcript ran)."""
     module = sdk_module("transcript")
     room = line_room(len(data))
     for line in byte_lines(data):  # performance: candidate lines only (the SDK would split the whole upload)
-        if (b"sessionId" in line or b"\\u" in line) and not line_over_budget(line, room, texts=2):
-            found = module.session_id_of(line)
+        if b"sessionId" in line or b"\\u" in line:
+            if line_over_budget(line, room, texts=2):
+                record = session_line(line, room, "replace")[0]
+                found = str(record["sessionId"]) if isinstance(record, dict) and record.get("sessionId") else None
+            else:
+                found = module.session_id_of(line)
             if found:
                 return found
     return None

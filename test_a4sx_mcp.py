@@ -8284,6 +8284,11 @@ def test_inline_shortcuts_give_the_plain_result():
     for data in samples + [b"\n".join(lines), b"\n\n{}\n[[" + b"\n".join(lines) + b"\n\n"]:
         assert list(a4sx_mcp.lines_and_structure(data)) == [
             (line, len(line.translate(None, a4sx_mcp._NOT_STRUCTURE))) for line in a4sx_mcp.byte_lines(data)]
+    # transcript_session_id: a line too large for the SDK's two copies gets the SDK's rule on one parse
+    big = json.dumps(claude_record("user", "x" * (20 << 20), session_id="s-big")).encode() + b"\n"
+    room = a4sx_mcp.line_room(len(big))
+    assert a4sx_mcp.line_over_budget(big, room, texts=2) and not a4sx_mcp.line_over_budget(big, room)
+    assert a4sx_mcp.transcript_session_id(big) == sdk_transcript.session_id_of(big) == "s-big"
     # line_over_budget: a line no shape makes dear is not counted; the same verdict as counting it
     lines += [b"[" + b"{}," * 300 + b"1]", "\U0001f680".encode() + b'"\\u00e9"' * 50, b"x" * 1000]
     for line in lines:
