@@ -947,13 +947,13 @@ def _parse(held):
     if not size:
         return {}
     cost = _parse_cost(payload)
-    payload_had_escapes = b"\\u" in payload
     try:
         text = payload.decode("utf-8")
     except ValueError:
         return {}
     del payload  # a large bundle is held once, not twice, while it is parsed
-    if over_parse_budget(size, cost, payload_had_escapes, text):
+    if over_parse_budget(size, cost, True, text) and over_parse_budget(  # performance: escapes looked for
+            size, cost, "\\u" in text, text):  # only when counting them anyway is over (the text has the bytes')
         raise NetworkError(say("the answer's shape was refused: %d bytes that would parse into more than %d times "
                                "that", size, PARSE_BUDGET))
     try:
@@ -4572,9 +4572,10 @@ class BatchReply:
 # what is sent or to whom. Read the trust code above as if the plain way were used. The shortcuts
 # that stay inline in the trust code are tagged ``# performance:`` (``grep -n "# performance:"``):
 # claude_turns' skipped lines, transcript_session_id's candidate lines, the framing check without
-# escapes, _parse_cost's count on the structural bytes alone, parse_within_budget's two counts and its
-# coarser bound (with ``lines_and_structure``'s counts), line_over_budget's lines that no shape makes
-# dear; test_inline_shortcuts_give_the_plain_result compares each with the plain way.
+# escapes, _parse_cost's count on the structural bytes alone, _parse's escapes looked for only when
+# they matter, parse_within_budget's two counts and its coarser bound (with ``lines_and_structure``'s
+# counts), line_over_budget's lines that no shape makes dear; test_inline_shortcuts_give_the_plain_result
+# compares each with the plain way.
 
 
 _NOT_STRUCTURE_NOR_LINE_END = _NOT_STRUCTURE.replace(b"\n", b"")

@@ -8284,6 +8284,17 @@ def test_inline_shortcuts_give_the_plain_result():
     for data in samples + [b"\n".join(lines), b"\n\n{}\n[[" + b"\n".join(lines) + b"\n\n"]:
         assert list(a4sx_mcp.lines_and_structure(data)) == [
             (line, len(line.translate(None, a4sx_mcp._NOT_STRUCTURE))) for line in a4sx_mcp.byte_lines(data)]
+    # _parse: escapes looked for only when the bound counting them anyway is over; the same verdict
+    for body in [bundle_bytes, listing_bytes, b"[" + b'"\\ud83d\\ude80",' * 20000 + b"1]",
+                 b"[" + b'"ab",' * 20000 + b"1]", b"[" + b"{}," * 20000 + b"1]"] + lines:
+        plain = a4sx_mcp.over_parse_budget(len(body), a4sx_mcp._parse_cost(body), b"\\u" in body,
+                                           body.decode("utf-8", "replace"))
+        try:
+            a4sx_mcp._parse([body])
+            refused = False
+        except a4sx_mcp.NetworkError:
+            refused = True
+        assert refused is plain, body[:80]
     # transcript_session_id: a line too large for the SDK's two copies gets the SDK's rule on one parse
     big = json.dumps(claude_record("user", "x" * (20 << 20), session_id="s-big")).encode() + b"\n"
     room = a4sx_mcp.line_room(len(big))
