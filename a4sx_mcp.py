@@ -594,6 +594,7 @@ REDIRECT_STATUSES = (301, 302, 303, 307, 308)
 # than PARSE_BUDGET x its own size. Real listings estimate ~8x (ASCII) to ~14x (one emoji makes the
 # whole text 4 bytes a character); [{},{},...] estimates 60x.
 PARSE_COST = ((b"{", 136), (b"[", 72), (b'"', 30), (b",", 40), (b":", 56))
+DEAREST_BYTE = max(each for _, each in PARSE_COST)
 PARSE_BUDGET = 16
 _NOT_STRUCTURE = bytes(byte for byte in range(256) if bytes((byte,)) not in b'{[",:')  # all but PARSE_COST's
 
@@ -992,13 +993,13 @@ def _parse(held):
     if not size:
         return {}
     cost = _parse_cost(payload)
-    payload_had_escapes = b"\\u" in payload
     try:
         text = payload.decode("utf-8")
     except ValueError:
         return {}
     del payload  # a large bundle is held once, not twice, while it is parsed
-    if over_parse_budget(size, cost, payload_had_escapes, text):
+    if over_parse_budget(size, cost, True, text) and over_parse_budget(  # performance: escapes looked for
+            size, cost, "\\u" in text, text):  # only when counting them anyway is over (the text has the bytes')
         raise NetworkError(say("the answer's shape was refused: %d bytes that would parse into more than %d times "
                                "that", size, PARSE_BUDGET))
     try:
@@ -1014,11 +1015,16 @@ def over_parse_budget(size, cost, escapes, text):
     return sys.getsizeof(text) + strings_bound(text, escapes) + cost > PARSE_BUDGET * size + 64 * KiB
 
 
-def parse_within_budget(data):
+def parse_within_budget(data, structural=None):
     """A record an answer carried inside it (a fetched session's ``canonical.json`` or one JSONL line,
     decoded from base64) parsed like ``parse_record``, or None when the shape check refuses it: the
-    content parsed again is held to the answer's bound."""
-    text, escapes = data.decode("utf-8", "replace"), b"\\u" in data
+    content parsed again is held to the answer's bound. ``structural``: how many of its bytes are
+    ``PARSE_COST``'s, when the caller counted them (``lines_and_structure``)."""
+    text = data.decode("utf-8", "replace")
+    coarse = sys.getsizeof(text) + 4 * len(data) + DEAREST_BYTE * (structural or 0)  # each at the dearest
+    if structural is not None and coarse <= PARSE_BUDGET * len(data) + 64 * KiB:  # performance: a coarser bound
+        return parse_record(text)
+    escapes = b"\\u" in data
     if over_parse_budget(len(data), _parse_cost(data), escapes, text) and over_parse_budget(  # performance:
             len(data), _parse_cost(data, exact=True), escapes, text):  # the exact count only when the bound is over
         return None
@@ -1062,6 +1068,45 @@ def _parse_cost(payload, exact=False):
         if start < 0:
             return cost
         pos = close + 1
+
+
+# A session's lines (a transcript to publish, a session file's tail or first line) are parsed one at
+# a time while the whole file is held, each within a room that grows with the file: at most twice the
+# file plus 16 MiB, estimated from the line's bytes before they are decoded (a line of one emoji in
+# ASCII decodes to 4 bytes a character). The file, a line's bytes and that room keep the server
+# within 5x the file + 64 MiB whatever the line's shape (SECURITY.md claim 16; measured in
+# benchmarks/bench.py). A line costing at most WORST_BYTE_COST a byte fits without being counted.
+LINE_ROOM_PER_FILE_BYTE = 2
+LINE_ROOM_SLACK = 16 * MiB
+WORST_BYTE_COST = 4 + 4 + DEAREST_BYTE  # its text and strings at 4 bytes a character, a "{" for every byte
+_WIDEST_LEAD = re.compile(b"[\xf0-\xff]")  # an astral character's first byte (or an invalid one)
+
+
+def line_room(file_size):
+    """The most parsing one line of a ``file_size``-byte session may allocate."""
+    return LINE_ROOM_PER_FILE_BYTE * file_size + LINE_ROOM_SLACK
+
+
+def line_over_budget(raw, room, texts=1):
+    """True when decoding the line ``raw`` (bytes; ``texts`` copies of its text) and parsing it could
+    allocate more than ``room``: its text at the widest width its bytes allow, its strings as
+    ``strings_bound`` counts them, its structure as ``_parse_cost`` does (the exact count only when the
+    fast one is over)."""
+    size = len(raw)
+    if texts * 80 + (WORST_BYTE_COST + 4 * (texts - 1)) * size <= room:  # performance: no shape costs more
+        return False
+    width = 1 if raw.isascii() else 4 if _WIDEST_LEAD.search(raw) else 2
+    text = texts * (80 + width * (size + 1)) + (4 if b"\\u" in raw else width) * size
+    return text + _parse_cost(raw) > room and text + _parse_cost(raw, exact=True) > room
+
+
+def session_line(raw, room, errors="strict"):
+    """``(None, True)`` when a session's line ``raw`` is over ``room`` (``line_over_budget``: not
+    decoded, not parsed), else ``(parse_record of its text, False)``; an invalid UTF-8 line raises
+    UnicodeDecodeError unless ``errors`` is ``"replace"``."""
+    if line_over_budget(raw, room):
+        return None, True
+    return parse_record(raw.decode("utf-8", errors)), False
 
 
 def _network_reason(err):
@@ -1678,17 +1723,22 @@ def _record_problem(record, first, session_id):
 
 def check_transcript(data):
     """None when ``data`` (bytes) is a Claude Code or Codex CLI JSONL transcript, else why not (with
-    the line). Decoded line by line, so a large transcript is not copied whole as text."""
+    the line). Decoded and parsed line by line, each within ``line_room`` (claim 16), so a large
+    transcript is not copied whole as text and no line's shape makes it cost more."""
     has_turn = False
     first = session_id = None
+    room = line_room(len(data))
     for number, raw in enumerate(byte_lines(data), 1):
         if not raw.strip():
             continue
         try:
-            line = raw.decode("utf-8")
+            record, over = session_line(raw, room)
         except UnicodeDecodeError:
             return say("line %d is not valid UTF-8", number)
-        record = parse_record(line)
+        if over:
+            return say("line %d (%d bytes) is too large to check: parsing it could take more than %s, the most "
+                       "one line of a transcript this size may (twice the transcript plus 16 MiB); the a4sx CLI "
+                       "saves it: `a4sx push <file>`", number, len(raw), _size(room))
         if record is None:
             return say("line %d is not valid JSON", number)
         if not isinstance(record, dict):
@@ -1752,16 +1802,21 @@ _FRAMED_BEGIN_UTF8 = re.compile(_FRAMED_BEGIN.pattern.encode("utf-8"))  # the sa
 def carries_other_authors_framing(data):
     """True when the transcript (bytes) holds, anywhere, this server's marker with a nonce (a BEGIN or
     END line) and its CAUTION sentence. Lines with JSON escapes are also looked at decoded (an escape
-    can spell either); a paraphrase is not caught."""
+    can spell either), each string on its own (neither can span two), within ``line_room``: a line
+    over it counts as framed (check_transcript refuses it first); a paraphrase is not caught."""
     caution = OTHER_AUTHOR_CAUTION.encode()
     if b"\\u" not in data:  # performance: no escape, no line to decode (valid UTF-8: check_transcript ran)
         return caution in data and _FRAMED_BEGIN_UTF8.search(data) is not None
     begin = found_caution = False
+    room = line_room(len(data))
     for raw in byte_lines(data):
         if b"\\u" in raw:  # (check_transcript has made sure that every line is a JSON record)
-            text = "\n".join(_strings(parse_record(raw.decode("utf-8", "replace"))))
-            begin = begin or _FRAMED_BEGIN.search(text) is not None
-            found_caution = found_caution or OTHER_AUTHOR_CAUTION in text
+            record, over = session_line(raw, room, "replace")
+            if over:
+                return True
+            for text in _strings(record):
+                begin = begin or _FRAMED_BEGIN.search(text) is not None
+                found_caution = found_caution or OTHER_AUTHOR_CAUTION in text
         else:
             begin = begin or _FRAMED_BEGIN_UTF8.search(raw) is not None
             found_caution = found_caution or caution in raw
@@ -1925,10 +1980,10 @@ def claude_turns(data, tools):
     one are skipped unparsed and undecoded: an exact test, and most of a long session's records
     (progress, snapshots, system records) never cost a parse."""
     turns = []
-    for line in byte_lines(data):
+    for line, structural in lines_and_structure(data):
         if b'"user"' not in line and b'"assistant"' not in line and b"\\u" not in line:  # performance: skip
             continue
-        record = parse_within_budget(line)
+        record = parse_within_budget(line, structural)
         if isinstance(record, dict):
             turn = claude_turn(record, tools)
             if turn:
@@ -2241,7 +2296,7 @@ def call_in(data, harness, call_id, first_line_whole=True):
             return False
         line_start = data.rfind(b"\n", 0, at) + 1
         if (line_start > 0 or first_line_whole) and is_the_call(  # a whole line: a tail's first may be cut
-                parse_record(data[line_start:end].decode("utf-8", "replace")), harness, call_id):
+                session_line(data[line_start:end], line_room(len(data)), "replace")[0], harness, call_id):
             return True
         at = end
 
@@ -2250,7 +2305,7 @@ def first_session_id(data):
     """The ``sessionId`` of the first record that has one (the SDK's ``session_id_of`` rule), or None."""
     for line in byte_lines(data):
         if b"sessionId" in line or b"\\u" in line:  # candidate lines only (an escape can spell the key)
-            record = parse_record(line.decode("utf-8", "replace"))
+            record = session_line(line, line_room(len(data)), "replace")[0]
             if isinstance(record, dict) and isinstance(record.get("sessionId"), str) and record["sessionId"]:
                 return record["sessionId"]
     return None
@@ -2405,7 +2460,7 @@ def _rollout_cwd(session):
     except ToolError:
         return None
     with handle:
-        record = parse_record(handle.readline(64 * KiB).decode("utf-8", "replace"))
+        record = session_line(handle.readline(64 * KiB), LINE_ROOM_SLACK, "replace")[0]
     if not isinstance(record, dict) or record.get("type") != "session_meta":
         return None
     payload = record.get("payload")
@@ -2675,11 +2730,18 @@ def scrub_transcript(data, title, label, cancel):
 
 def transcript_session_id(data):
     """The SDK's ``session_id_of`` (the ``sessionId`` of the first record that has one; a Codex CLI
-    rollout has none), asked one candidate line at a time: the same answer."""
+    rollout has none), asked one candidate line at a time: the same answer. A line whose parse by the
+    SDK (two copies of its text) could exceed ``line_room`` gets the SDK's rule on this file's parse
+    instead (one copy: within the room, since check_transcript ran)."""
     module = sdk_module("transcript")
+    room = line_room(len(data))
     for line in byte_lines(data):  # performance: candidate lines only (the SDK would split the whole upload)
         if b"sessionId" in line or b"\\u" in line:
-            found = module.session_id_of(line)
+            if line_over_budget(line, room, texts=2):
+                record = session_line(line, room, "replace")[0]
+                found = str(record["sessionId"]) if isinstance(record, dict) and record.get("sessionId") else None
+            else:
+                found = module.session_id_of(line)
             if found:
                 return found
     return None
@@ -4820,8 +4882,26 @@ class BatchReply:
 # what is sent or to whom. Read the trust code above as if the plain way were used. The shortcuts
 # that stay inline in the trust code are tagged ``# performance:`` (``grep -n "# performance:"``):
 # claude_turns' skipped lines, transcript_session_id's candidate lines, the framing check without
-# escapes, _parse_cost's count on the structural bytes alone, parse_within_budget's two counts;
-# test_inline_shortcuts_give_the_plain_result compares each with the plain way.
+# escapes, _parse_cost's count on the structural bytes alone, _parse's escapes looked for only when
+# they matter, parse_within_budget's two counts and its coarser bound (with ``lines_and_structure``'s
+# counts), line_over_budget's lines that no shape makes dear; test_inline_shortcuts_give_the_plain_result
+# compares each with the plain way.
+
+
+_NOT_STRUCTURE_NOR_LINE_END = _NOT_STRUCTURE.replace(b"\n", b"")
+
+
+def lines_and_structure(data):
+    """``(line, how many of its bytes are PARSE_COST's)`` for each line of ``byte_lines(data)``: the
+    same lines, each count the plain ``len(line.translate(None, _NOT_STRUCTURE))``, all counted in one
+    pass over ``data`` (a copy of its structural bytes)."""
+    structure = data.translate(None, _NOT_STRUCTURE_NOR_LINE_END)
+    at = 0
+    for line in byte_lines(data):
+        end = structure.find(b"\n", at)
+        end = len(structure) if end < 0 else end
+        yield line, end - at
+        at = end + 1
 
 
 def _clean_line(text):

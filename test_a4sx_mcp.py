@@ -1563,12 +1563,14 @@ REVIEW_SEARCHES = {
                                        "_read_part", "subagent_owner"})],
     15: [(r"find_session\(", {"find_session", "tool_publish_local_session"})],
     16: [(r"json\.loads\(|parse_record\(", {"_parse", "parse_within_budget", "parse_record", "_read_json",
-                                             "Settings.find_token", "call_in", "first_session_id", "_rollout_cwd",
-                                             "check_transcript",
-                                             "carries_other_authors_framing", "scrub_worker_main", "ScrubWorker._start",
-                                             "ScrubWorker.scrub", "Server.handle_line", "oversized_id", "<module>"}),
+                                             "Settings.find_token", "session_line", "scrub_worker_main",
+                                             "ScrubWorker._start", "ScrubWorker.scrub", "Server.handle_line",
+                                             "oversized_id", "<module>"}),
          (r"parse_within_budget\(|\b_parse\(", {"Api.send", "_parse", "parse_within_budget", "claude_turns",
-                                                "pick_transcript"})],
+                                                "pick_transcript"}),
+         (r"session_line\(|line_over_budget\(", {"line_over_budget", "session_line", "check_transcript",
+                                                "carries_other_authors_framing", "call_in", "first_session_id",
+                                                "_rollout_cwd", "transcript_session_id"})],
     14: [(r'\bsay\(([^"]|$)', {"say"}),
          (r"Words\(", {"<module>", "say", "plain_name", "echoed_name", "local_line"}),
          (r"local_line\(|echoed_name\(", {"echoed_name", "local_line", "_trust_problem", "read_private",
@@ -3208,6 +3210,82 @@ def test_a_fetched_session_s_records_are_held_to_the_shape_check(mcp, stub, toke
                                                       "transcript.jsonl": hostile_line + b"\n" + real})
     structured, text, is_error = mcp.tool("fetch_session_context", {"id": "hostile-1"})
     assert not is_error and structured["turns_total"] == 2 and "its answer" in structured["context"], text
+
+
+def hostile_session_line(shape, size, session_id):
+    """One Claude Code record of about ``size`` bytes: a tool result holding ``[{},{},...]`` (Claude Code
+    stores an MCP tool's structured result as structure), or an ASCII prompt with one emoji."""
+    if shape == "[{},...]":
+        head = json.dumps(claude_record("user", [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "@"}],
+                                        session_id=session_id))
+        before, after = head.split('"@"')
+        return (before + "[" + "{}," * ((size - len(head)) // 3) + "{}]" + after).encode() + b"\n"
+    return json.dumps(claude_record("user", "x" * (size - 200) + "\U0001f680", session_id=session_id),
+                      ensure_ascii=False).encode() + b"\n"
+
+
+def vm_hwm(pid):
+    """The process's peak RSS since it started (bytes)."""
+    with open("/proc/%d/status" % pid) as f:
+        return int(next(line for line in f if line.startswith("VmHWM:")).split()[1]) * 1024
+
+
+def test_a_session_line_parses_within_the_room_its_check_allows():
+    """Claim 16's estimate for a session's lines (``line_over_budget``), in process with tracemalloc:
+    decoding and parsing a line (``session_line``) never allocates more than the smallest room the
+    check lets it parse in, whatever its shape; one byte less and it is refused unread."""
+    import tracemalloc
+
+    size = 256 << 10
+    lines = [hostile_session_line("[{},...]", size, "s"), hostile_session_line("one emoji", size, "s"),
+             b"[" + b"[]," * (size // 3) + b"[]]", b"[" + b'"ab",' * (size // 5) + b'"a"]',
+             b"{" + b",".join(b'"k%07d":1' % i for i in range(size // 12)) + b"}",
+             b'{"type":"user","x":"' + b"\\ud83d\\ude80" * (size // 12) + b'"}',
+             b'["' + "\u00e9".encode() * (size // 2) + b'\\ud83d\\ude80"]']
+    lines += [max(path.read_bytes().split(b"\n"), key=len) for path in REAL_TRANSCRIPTS]
+    for line in lines:
+        width = 1 if line.isascii() else 4 if re.search(b"[\xf0-\xff]", line) else 2
+        low = (80 + width * (len(line) + 1) + (4 if b"\\u" in line else width) * len(line)  # the smallest room
+               + a4sx_mcp._parse_cost(line, exact=True))  # the check allows (the same test finds each one exact)
+        assert a4sx_mcp.session_line(line, low - 1) == (None, True)
+        tracemalloc.start()
+        try:
+            record, over = a4sx_mcp.session_line(line, low)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert not over and record is not None and peak <= low, (line[:60], peak, low)
+        del record
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("shape", ["[{},...]", "one emoji"])
+def test_a_session_line_of_any_shape_keeps_the_server_within_five_times_the_file(spawn, stub, token, env, shape):
+    """Claim 16 on a session's lines: a line that would parse into far more than the file (a 16 MiB
+    tool result of ``[{},...]``: ~27x; one emoji in 24 MiB of ASCII: ~10x) is refused before it is
+    decoded, naming the line, by publish_local_session and publish_session alike; the server's peak
+    RSS (VmHWM, from its start) stays under 5x the file + 64 MiB, and it goes on answering and saving."""
+    for tool, size in (("publish_local_session", (16 if shape == "[{},...]" else 24) << 20),
+                       ("publish_session", 12 << 20)):
+        sid = str(uuid.uuid4())
+        line = hostile_session_line(shape, size, sid)
+        assert len(line) <= size + 64 and isinstance(json.loads(line), dict)  # a valid record: only memory stops it
+        if tool == "publish_local_session":
+            claude_project(env).joinpath(sid + ".jsonl").write_bytes(line)
+            arguments = {"session": sid}
+        else:
+            arguments = {"transcript": line.decode()}
+        proc = spawn(extra_env={"A4SX_MCP_MAX_PUBLISH_BYTES": str(16 << 20)})
+        structured, text, is_error = proc.tool(tool, arguments, timeout=60)
+        del line, arguments
+        assert is_error and structured["error"] == "not_a_transcript", (tool, text[:300])
+        assert "line 1 (" in text and "too large to check" in text and "a4sx push" in text, text
+        assert vm_hwm(proc.proc.pid) <= 5 * size + (64 << 20), (tool, vm_hwm(proc.proc.pid) / size)
+        assert stub.pushes == []
+        fine, _ = claude_session(env, [claude_record("user", "a question"), claude_record("assistant", "an answer")])
+        saved, _, is_error = local_save(proc, {"session": fine})
+        assert not is_error and saved["status"] == "saved", saved
+        stub.pushes.clear()
 
 
 def test_the_shape_check_bound_holds_for_wide_strings_and_passes_real_listings():
@@ -9021,6 +9099,36 @@ def test_inline_shortcuts_give_the_plain_result():
         text = line.decode("utf-8", "replace")
         plain = a4sx_mcp.over_parse_budget(len(line), _exact_structure_cost(line), b"\\u" in line, text)
         assert (a4sx_mcp.parse_within_budget(line) is None) is plain, line[:80]
+        structural = len(line.translate(None, a4sx_mcp._NOT_STRUCTURE))  # the coarser bound: the same verdict
+        assert (a4sx_mcp.parse_within_budget(line, structural) is None) is plain, line[:80]
+    for data in samples + [b"\n".join(lines), b"\n\n{}\n[[" + b"\n".join(lines) + b"\n\n"]:
+        assert list(a4sx_mcp.lines_and_structure(data)) == [
+            (line, len(line.translate(None, a4sx_mcp._NOT_STRUCTURE))) for line in a4sx_mcp.byte_lines(data)]
+    # _parse: escapes looked for only when the bound counting them anyway is over; the same verdict
+    for body in [bundle_bytes, listing_bytes, b"[" + b'"\\ud83d\\ude80",' * 20000 + b"1]",
+                 b"[" + b'"ab",' * 20000 + b"1]", b"[" + b"{}," * 20000 + b"1]"] + lines:
+        plain = a4sx_mcp.over_parse_budget(len(body), a4sx_mcp._parse_cost(body), b"\\u" in body,
+                                           body.decode("utf-8", "replace"))
+        try:
+            a4sx_mcp._parse([body])
+            refused = False
+        except a4sx_mcp.NetworkError:
+            refused = True
+        assert refused is plain, body[:80]
+    # transcript_session_id: a line too large for the SDK's two copies gets the SDK's rule on one parse
+    big = json.dumps(claude_record("user", "x" * (20 << 20), session_id="s-big")).encode() + b"\n"
+    room = a4sx_mcp.line_room(len(big))
+    assert a4sx_mcp.line_over_budget(big, room, texts=2) and not a4sx_mcp.line_over_budget(big, room)
+    assert a4sx_mcp.transcript_session_id(big) == sdk_transcript.session_id_of(big) == "s-big"
+    # line_over_budget: a line no shape makes dear is not counted; the same verdict as counting it
+    lines += [b"[" + b"{}," * 300 + b"1]", "\U0001f680".encode() + b'"\\u00e9"' * 50, b"x" * 1000]
+    for line in lines:
+        width = 1 if line.isascii() else 4 if re.search(b"[\xf0-\xff]", line) else 2
+        for texts in (1, 2):
+            text = texts * (80 + width * (len(line) + 1)) + (4 if b"\\u" in line else width) * len(line)
+            plain = text + a4sx_mcp._parse_cost(line, exact=True)
+            for room in (plain - 1, plain, a4sx_mcp.WORST_BYTE_COST * len(line), 1 << 24):
+                assert a4sx_mcp.line_over_budget(line, room, texts) is (plain > room), (line[:80], room)
 
 
 def test_one_line_shortcuts_give_the_plain_result():
