@@ -211,6 +211,8 @@ ENVIRONMENT = (
     ("A4SX_UPLOAD_TIMEOUT_S", "a publish upload's deadline (default 120 s + 2 s per MiB up to 30 min; at most 6 h)"),
     ("A4SX_MCP_MAX_LOCAL_BYTES", "the largest local session publish_local_session reads (default 64 MiB)"),
     ("A4SX_MCP_LOG", "stderr log level: warning (default), info or debug"),
+    ("A4SX_MCP_ANSWER_WITHIN_S", "a save answers within this many seconds, finished or not (default 50; 0: at the "
+     "end)"),
     ("CLAUDE_CONFIG_DIR", "Claude Code's folder (default ~/.claude): its projects/ holds the session files"),
     ("CLAUDE_CODE_SESSION_ID", "the Claude Code session that started this server (stale after /clear)"),
     ("CLAUDE_PROJECT_DIR", "the project Claude Code runs in (default: the working directory)"),
@@ -244,6 +246,11 @@ SESSION_FILES = (
 # Read as the a4sx SDK and CLI read them (``a4sx.config.config_dir``), which write the files there:
 # unstripped, so " /x" is not an absolute path to either of us.
 AS_WRITTEN = ("XDG_CONFIG_HOME", "LOCALAPPDATA", "APPDATA")
+
+
+# Every client measured waits 50 s for a tools/call (the TypeScript SDK's default is 60 s; Codex CLI's
+# 300 s; Claude Desktop cancels from 60 s): a save answers within this, finished or not (``Saves``).
+ANSWER_WITHIN_S = 50
 
 
 def environment():
@@ -487,6 +494,7 @@ class Settings:
         self.max_publish_bytes = _int_setting(env, "A4SX_MCP_MAX_PUBLISH_BYTES", 2 * 1024 * 1024, minimum=1)
         self.max_local_bytes = _int_setting(env, "A4SX_MCP_MAX_LOCAL_BYTES", 64 * 1024 * 1024, minimum=1)
         self.upload_timeout_s = _int_setting(env, "A4SX_UPLOAD_TIMEOUT_S", 0)
+        self.answer_within_s = _int_setting(env, "A4SX_MCP_ANSWER_WITHIN_S", ANSWER_WITHIN_S)
         self.session_roots = session_roots(env)
         self.started_at = time.time()
         self.claude_session_id = env["CLAUDE_CODE_SESSION_ID"]
@@ -1389,8 +1397,9 @@ class ToolError(Exception):
 
 
 class Result:
-    """A tool's output: the text copy and the structured copy. Built only by the four builders below
-    (``json_result``, ``context_result``, ``error_result``, ``framed_error``): no handler makes one."""
+    """A tool's output: the text copy and the structured copy. Built only by the five builders below
+    (``json_result``, ``saving_result``, ``context_result``, ``error_result``, ``framed_error``): no
+    handler makes one."""
 
     def __init__(self, text, structured, is_error=False, outcome="ok"):
         self.text, self.structured, self.is_error, self.outcome = text, structured, is_error, outcome
@@ -1401,6 +1410,16 @@ def json_result(result, untrusted, outcome="ok", **framing):
     framed by ``framed_json`` (``framing``: its ``rows``, ``offset``, ``caps`` and ``hint_next``)."""
     text, structured = framed_json(result, untrusted, **framing)
     return Result(text, structured, outcome=outcome)
+
+
+def saving_result(save_id, stage, seconds, wait_s):
+    """A save still running (``Saves``): its id, what it is doing, for how long, and the one next step,
+    all this file's Words (nothing in it was written by an author or the API)."""
+    step = say("Not saved yet (%s; %d s so far). To get the result, call publish_local_session with "
+               "{\"save_id\": \"%s\"}; it waits up to %d s for it.", stage, seconds, plain_name(save_id), wait_s)
+    structured = {"status": "saving", "save_id": plain_name(save_id), "stage": stage, "elapsed_s": int(seconds),
+                  "next": step}
+    return Result(step, structured, outcome="saving")
 
 
 def context_result(body_lines, untrusted, fields):
@@ -2666,6 +2685,9 @@ TOOLS = [
             "label": PUBLISH_PROPERTIES["label"],
             "parent": PUBLISH_PROPERTIES["parent"],
             "idempotency_key": PUBLISH_PROPERTIES["idempotency_key"],
+            "save_id": {"type": "string", "pattern": "^[0-9a-f]{32}$",
+                        "description": "Only to get the result of a save that answered status=saving: pass its "
+                                       "save_id alone."},
         }),
         "annotations": PUBLISH_ANNOTATIONS,
     },
@@ -2859,12 +2881,19 @@ class ToolContext:
         self.settings, self.api, self.server = server.settings, server.api, server
         self.cancel, self.reporter, self.meta = cancel, progress, meta if isinstance(meta, dict) else {}
         self.large = False  # set by a handler that held megabytes: the heap is trimmed afterwards
+        self.save = None  # the save this context runs (``Saves.start``)
 
     def progress(self, message):
         """A progress note: this file's Words (``say`` refuses anything else)."""
         message = say("%s", message)
         if self.reporter is not None:
             self.reporter(message)
+
+    def claim(self, key):
+        """This save is of ``key`` (a session): it joins a save of the same session in flight, if any,
+        and stops here (``Saves.claim``)."""
+        if self.save is not None:
+            self.server.saves.claim(self.save, key)
 
     def holding(self, size):
         """The call holds ``size`` bytes: past LARGE_CALL_BYTES the heap is trimmed afterwards (and
@@ -3211,9 +3240,11 @@ def tool_publish_session(ctx, args):
         raise ToolError("too_large", say("The transcript is %d bytes; publish_session takes at most %d bytes. Save "
                                          "larger sessions with the a4sx CLI: `a4sx push <file>`.", len(data), cap),
                         size=len(data), cap=cap)
-    if "content_sha256" in args and lazy("hashlib").sha256(data).hexdigest() != args["content_sha256"].lower():
+    digest = lazy("hashlib").sha256(data).hexdigest()
+    if "content_sha256" in args and digest != args["content_sha256"].lower():
         raise ToolError("content_sha_mismatch", say("content_sha256 does not match the SHA-256 of the transcript's "
                                                     "UTF-8 bytes: it was changed or cut on the way. Nothing was sent."))
+    ctx.claim("sha256:" + digest)
     result = publish_checked(ctx, [data], args)
     return json_result(result, result["untrusted"], "saved", hint_next=SAVED_NEXT)
 
@@ -3231,6 +3262,7 @@ def tool_publish_local_session(ctx, args):
     size = len(held[0])
     ctx.holding(size)
     key = "%s:%s" % (session.harness, session.id)
+    ctx.claim(key)
     try:
         into = saved_entry(ctx.settings.base, key)
     except SdkMissing:
@@ -3358,14 +3390,189 @@ def push_with_retries(ctx, upload, params, headers):
                         idempotency_key=headers["Idempotency-Key"], status=status)
     return collection, body
 
+# --- saves in flight: answered within a bound, finished in the background (issue 24) -------------
+
+SAVE_KEEP_S = 3600  # a finished save's result answers save_id calls (and tasks/get) for an hour
+SAVES_KEPT = 64  # finished saves kept at most (the oldest are dropped first)
+SAVES_RUNNING = 4  # saves running at once at most
+SAVE_POLL_S = 0.2
+
+
+class Joined(Cancelled):
+    """This save's session is being saved already: it ends here and its callers wait for that save."""
+
+
+class Save:
+    """One save: an unguessable id (also its task id), its own cancel flag, what it is doing, and its
+    Result once done (None: stopped before anything was sent)."""
+
+    def __init__(self, name):
+        self.id = os.urandom(16).hex()  # 128 bits: a save_id and task id cannot be guessed
+        self.name = name
+        self.cancel = CancelFlag()
+        self.done = threading.Event()
+        self.result = None
+        self.stage = say("starting")
+        self.started = time.monotonic()
+        self.created_at = self.updated_at = time.time()
+        self.finished_at = None
+        self.detached = False  # its first answer went out: a caller's cancel no longer stops it
+        self.joined = None  # the save of the same session it joined
+        self.key = None
+        self.watchers = set()  # the progress reporters of the calls waiting for it
+        self.ttl_s = SAVE_KEEP_S
+
+    def current(self):
+        """The save whose result this one's callers get: itself, or the one it joined."""
+        save = self
+        while save.joined is not None:
+            save = save.joined
+        return save
+
+
+class Saves:
+    """The one store of saves: ``publish_session`` and ``publish_local_session`` run each save here on its
+    own thread (not a pool worker: the calls waiting for it hold those), and a call, a ``save_id`` call
+    and a task all wait on the same Save. A save of a session already in flight joins that one."""
+
+    def __init__(self, server):
+        self.server = server
+        self.lock = threading.Lock()
+        self.by_id = {}
+        self.by_key = {}
+
+    def start(self, ctx, name, handler, args):
+        """Starts ``handler(ctx', args)`` in the background on a context of the save's own; the Save."""
+        with self.lock:
+            self._expire()
+            running = sum(1 for s in self.by_id.values() if not s.done.is_set())
+            if running >= SAVES_RUNNING:
+                raise ToolError("busy", say("%d saves are running; call again when one is done. Nothing was sent.",
+                                            running))
+            save = Save(name)
+            self.by_id[save.id] = save
+        run_ctx = ToolContext(self.server, save.cancel, lambda message: self._note(save, message), ctx.meta)
+        run_ctx.save = save
+        try:
+            threading.Thread(target=self._run, args=(save, handler, run_ctx, args), name="a4sx-save",
+                             daemon=True).start()
+        except RuntimeError:
+            with self.lock:
+                self.by_id.pop(save.id, None)
+            raise ToolError("busy", say("No thread is left to save with; call again later. Nothing was sent."))
+        return save
+
+    def _run(self, save, handler, ctx, args):
+        started = time.monotonic()
+        try:
+            result = handler(ctx, args)
+        except Cancelled:  # stopped before anything was sent, or joined another save
+            result = None
+        except ToolError as err:
+            result = error_result(err)
+        except Exception as err:  # noqa: BLE001 - never leak a traceback, never die
+            log("warning", "tool=%s internal error (%s)" % (plain_name(save.name), type(err).__name__))
+            result = error_result(ToolError("internal_error", say("internal error")))
+        if ctx.large:
+            release_memory()
+        with self.lock:
+            save.result, save.updated_at, save.finished_at = result, time.time(), time.monotonic()
+            if save.key is not None and self.by_key.get(save.key) is save:
+                del self.by_key[save.key]
+            save.done.set()
+        outcome = "joined" if save.joined else result.outcome if result else "cancelled"
+        log("info", "save of %s outcome=%s ms=%d" % (plain_name(save.name), plain_name(outcome),
+                                                     (time.monotonic() - started) * 1000))
+
+    def claim(self, save, key):
+        with self.lock:
+            other = self.by_key.get(key)
+            if other is not None and other is not save and not other.done.is_set():
+                save.joined = other
+                raise Joined()
+            self.by_key[key] = save
+            save.key = key
+
+    def _note(self, save, message):
+        save.stage, save.updated_at = message, time.time()
+        for watcher in list(save.watchers):
+            watcher(message)
+
+    def get(self, save_id):
+        with self.lock:
+            self._expire()
+            save = self.by_id.get(save_id)
+        if save is None:
+            raise ToolError("unknown_save", say("No save with this save_id is known to this server: a result is kept "
+                                                "%d minutes after its save ends, and a restarted server knows none. "
+                                                "Call publish_local_session without save_id to save again.",
+                                                SAVE_KEEP_S // 60))
+        return save
+
+    def _expire(self):
+        """Drops finished saves older than their time to live, and the oldest past SAVES_KEPT."""
+        now = time.monotonic()
+        done = sorted((s for s in self.by_id.values() if s.finished_at is not None), key=lambda s: s.finished_at)
+        for index, save in enumerate(done):
+            if now - save.finished_at > save.ttl_s or index < len(done) - SAVES_KEPT:
+                del self.by_id[save.id]
+
+    def wait(self, save, bound_s, cancel, reporter=None):
+        """Waits until the save is done, ``bound_s`` seconds passed (None: no bound) or ``cancel`` is
+        set; returns the save it ended in (``Save.current``)."""
+        deadline = None if bound_s is None else time.monotonic() + bound_s
+        while True:
+            current = save.current()
+            left = None if deadline is None else deadline - time.monotonic()
+            if (current.done.is_set() and current.joined is None) or cancel.is_set() or (left is not None and left <= 0):
+                return current
+            if reporter is not None:
+                current.watchers.add(reporter)
+            try:
+                current.done.wait(SAVE_POLL_S if left is None else min(SAVE_POLL_S, left))
+            finally:
+                current.watchers.discard(reporter)
+
+    def running(self):
+        with self.lock:
+            return [s for s in self.by_id.values() if not s.done.is_set()]
+
+
+def answered_in_time(name, handler):
+    """``handler`` run as a save (``Saves``): the call answers within ``answer_within_s`` with the
+    result, or with ``saving`` and the save_id that a ``{"save_id": ...}`` call of publish_local_session
+    waits on. Cancelling the call that started the save stops it while no answer went out."""
+    def tool(ctx, args):
+        saves = ctx.server.saves
+        if "save_id" in args:
+            if set(args) - {"save_id", "session"} or args.get("session") != "current":
+                raise ToolError("invalid_arguments", say("save_id is passed alone. Nothing was sent."))
+            save = saves.get(args["save_id"])
+        else:
+            save = saves.start(ctx, name, handler, args)
+            ctx.cancel.hook(lambda: None if save.detached else save.cancel.set())
+        bound = ctx.settings.answer_within_s or None
+        save = saves.wait(save, bound, ctx.cancel, ctx.reporter)
+        if ctx.cancel.is_set():
+            raise Cancelled()
+        if save.done.is_set():
+            if save.result is None:
+                raise ToolError("save_stopped", say("This save was stopped before anything was sent: the call that "
+                                                    "started it was cancelled, or the server stopped. Call the tool "
+                                                    "again to save."))
+            return save.result
+        save.detached = True  # from here on, only the server's end stops it (``Server.shutdown``)
+        return saving_result(save.id, save.stage, time.monotonic() - save.started, bound)
+    return tool
+
 
 HANDLERS = {
     "search_sessions": tool_search_sessions,
     "get_session_summary": tool_get_session_summary,
     "acquire_session": tool_acquire_session,
     "fetch_session_context": tool_fetch_session_context,
-    "publish_session": tool_publish_session,
-    "publish_local_session": tool_publish_local_session,
+    "publish_session": answered_in_time("publish_session", tool_publish_session),
+    "publish_local_session": answered_in_time("publish_local_session", tool_publish_local_session),
 }
 
 
@@ -3405,6 +3612,11 @@ OUTPUT_SCHEMAS = {
         "status": {"const": "saved"}, "visibility": {"const": "private"}, "deduped": _FLAG, "next": _TEXT,
         "data": _ENVELOPED}, ["status", "visibility", "data"]),
 }
+# A save not done within ANSWER_WITHIN_S answers this (``saving_result``): no author text in it.
+OUTPUT_SCHEMAS["publish_session"]["anyOf"].append({
+    "properties": {"status": {"const": "saving"}, "save_id": _TEXT, "stage": _TEXT, "elapsed_s": _COUNT,
+                   "next": _TEXT},
+    "required": ["status", "save_id", "next"]})
 OUTPUT_SCHEMAS["publish_local_session"] = OUTPUT_SCHEMAS["publish_session"]
 
 
@@ -3821,6 +4033,7 @@ class Server:
         self.pool = Pool(TOOL_WORKERS, spare=TOOL_WORKERS, waiting=lambda: self.api.waiting)
         self.api.on_wait = self.pool.grow
         self.library_cache = LibraryCache()
+        self.saves = Saves(self)
 
     # --- messages ---------------------------------------------------------------------------
 

@@ -296,7 +296,9 @@ def check_output_schema(tool, structured, is_error=False):
         _OUTPUT_VALIDATORS[tool] = jsonschema.Draft202012Validator(schema)
     error = jsonschema.exceptions.best_match(_OUTPUT_VALIDATORS[tool].iter_errors(structured))
     assert error is None, "%s structuredContent does not match its outputSchema: %s" % (tool, error.message[:300])
-    if not is_error:
+    if not is_error and structured.get("status") == "saving":  # a save not done yet: this file's words only
+        assert set(structured) == {"status", "save_id", "stage", "elapsed_s", "next"}, sorted(structured)
+    elif not is_error:
         assert SERVER_FIELDS_OF[tool] <= set(structured), (tool, sorted(structured))
 
 
@@ -1498,7 +1500,7 @@ REVIEW_SEARCHES = {
                                                   "_shut", "_network_reason", "warm_network"}),
         (r"api\.send\(", {"ToolContext.send", "run_check"})],
     5: [(r"_exchange\(|_read_body\(", {"Api.send", "Api._exchange", "_read_body"})],
-    6: [(r"Result\(", {"json_result", "context_result", "error_result", "framed_error"}),
+    6: [(r"Result\(", {"json_result", "saving_result", "context_result", "error_result", "framed_error"}),
         (r'"text": ', {"get_prompt", "Server.serve_feature", "Server.start_call"}),
         (r"\benvelope\(|fenced\(", {"fenced", "envelope", "_frame", "render_context", "context_result"}),
         (r"context_result\(", {"context_result", "tool_fetch_session_context"})],
@@ -5368,6 +5370,91 @@ def test_local_session_cancel_mid_scrub_sends_nothing_and_progress_keeps_coming(
     assert stub.pushes == [] and stub.requests() == []
 
 
+# --- a save answers within A4SX_MCP_ANSWER_WITHIN_S and finishes in the background (issue 24) ----
+
+
+def saving_call(proc, name, arguments, msg_id=None, timeout=30):
+    """A publish call's result: ``(structured, text)``, the schema and copy checks passed; ``saving``
+    results are this file's words (no envelope)."""
+    response = proc.request("tools/call", {"name": name, "arguments": arguments}, msg_id=msg_id, timeout=timeout)
+    result = response["result"]
+    check_output_schema(name, result["structuredContent"], result["isError"])
+    structured = result["structuredContent"]
+    if structured.get("status") == "saving":
+        assert result["content"][0]["text"] == structured["next"] and not result["isError"]
+        return structured, structured["next"]
+    assert_copies_agree(result)
+    return unframe(structured, result["isError"]), result["content"][0]["text"]
+
+
+def finish_save(proc, save_id, limit=30):
+    """Calls publish_local_session with ``save_id`` until it answers something else than saving."""
+    for _ in range(limit):
+        answer, text = saving_call(proc, "publish_local_session", {"save_id": save_id})
+        if answer.get("status") != "saving":
+            return answer, text
+        assert answer["save_id"] == save_id
+    raise AssertionError("still saving after %d calls" % limit)
+
+
+def test_a_save_longer_than_the_bound_answers_saving_and_finishes_through_save_id(spawn, stub, token, env):
+    """A save whose upload outlasts A4SX_MCP_ANSWER_WITHIN_S answers status=saving in time, with an
+    unguessable save_id and the one instruction; publish_local_session with that save_id waits and
+    answers saving again or the saved result, the same on every later call, with exactly one upload.
+    A save of the same session in flight is joined (same save_id), for both tools."""
+    proc = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "1"})
+    stub.queue("POST /library/push", None, delay=4)  # the normal answer, 4 s late
+    transcript = cc_transcript("slow-1")
+    first, text = saving_call(proc, "publish_session", {"transcript": transcript})
+    assert first["status"] == "saving" and re.fullmatch("[0-9a-f]{32}", first["save_id"]), first
+    assert 'call publish_local_session with {"save_id": "%s"}' % first["save_id"] in text, text
+    assert first["stage"].startswith("uploading ") or first["stage"].startswith("scrubbing "), first
+    joined, _ = saving_call(proc, "publish_session", {"transcript": transcript})  # the same bytes: joined
+    assert joined["status"] == "saving" and joined["save_id"] == first["save_id"], joined
+    saved, _ = finish_save(proc, first["save_id"])
+    assert saved["status"] == "saved" and saved["library_id"] == stub.pushes[0]["collection"], saved
+    again, _ = saving_call(proc, "publish_local_session", {"save_id": first["save_id"]})
+    assert again["library_id"] == saved["library_id"] and again["version"] == saved["version"]
+    assert len(stub.pushes) == 1 and len(stub.requests("POST /library/push")) == 1
+    # publish_local_session: the same session asked twice while in flight is one save, one upload
+    sid, _ = claude_session(env, [claude_record("user", "save me slowly")])
+    stub.queue("POST /library/push", None, delay=4)
+    local, _ = saving_call(proc, "publish_local_session", {"session": sid})
+    second, _ = saving_call(proc, "publish_local_session", {"session": sid, "title": "again"})
+    assert local["status"] == second["status"] == "saving" and second["save_id"] == local["save_id"]
+    done, _ = finish_save(proc, local["save_id"])
+    assert done["status"] == "saved" and done["local_session"]["id"] == sid and len(stub.pushes) == 2
+    unknown, text = saving_call(proc, "publish_local_session", {"save_id": "0" * 32})
+    assert unknown["error"] == "unknown_save" and len(stub.pushes) == 2, text
+    alone, _ = saving_call(proc, "publish_local_session", {"save_id": first["save_id"], "title": "x"})
+    assert alone["error"] == "invalid_arguments", alone
+
+
+def test_cancelling_the_first_call_stops_the_save_but_a_status_call_does_not(spawn, stub, token, env):
+    """The call that started a save and got no answer yet owns it: its cancel stops the save with
+    nothing sent. Once it answered saving, cancelling a save_id call only ends that call's wait."""
+    proc = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "30"})
+    stub.queue("POST /library/ensure", None, delay=3)
+    proc.send({"jsonrpc": "2.0", "id": 51, "method": "tools/call", "params": {
+        "name": "publish_session", "arguments": {"transcript": cc_transcript("cancel-1")}}})
+    wait_until(lambda: stub.requests("POST /library/ensure"))
+    proc.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 51}})
+    time.sleep(4)
+    proc.request("tools/list")
+    assert not [m for m in proc.notes if m.get("id") == 51], proc.notes
+    assert stub.pushes == [] and stub.requests("POST /library/push") == []
+    slow = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "1"})
+    stub.queue("POST /library/push", None, delay=4)
+    first, _ = saving_call(slow, "publish_session", {"transcript": cc_transcript("cancel-2")})
+    assert first["status"] == "saving"
+    slow.send({"jsonrpc": "2.0", "id": 52, "method": "tools/call", "params": {
+        "name": "publish_local_session", "arguments": {"save_id": first["save_id"]}}})
+    slow.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 52}})
+    saved, _ = finish_save(slow, first["save_id"])
+    assert saved["status"] == "saved" and len(stub.pushes) == 1
+    assert not [m for m in slow.notes if m.get("id") == 52], slow.notes
+
+
 def test_local_session_that_loaded_another_authors_session_is_saved_untrusted(spawn, stub, token, env):
     """A fetched session framed as another author's, as Claude Code stores the tool result in its
     transcript, makes the saved session untrusted (and marked so on this machine)."""
@@ -6827,7 +6914,7 @@ def test_tool_schemas_match_the_spec_exactly():
     assert "required" not in local and local["properties"]["session"]["default"] == "current"
     for name in ("title", "label", "parent", "idempotency_key"):  # the same meanings and limits as publish_session
         assert local["properties"][name] == publish["properties"][name], name
-    assert set(local["properties"]) == {"session", "title", "label", "parent", "idempotency_key"}
+    assert set(local["properties"]) == {"session", "title", "label", "parent", "idempotency_key", "save_id"}
 
 
 def test_requests_before_initialize_without_modern_meta_are_refused(spawn):
