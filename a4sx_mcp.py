@@ -232,7 +232,8 @@ FILES = (
     ("untrusted.json, lineage/<id>.json", "the a4sx SDK's taint records, at a4sx.config's paths (section 6); "
      "untrusted.json also written, after a tainted save", "library reads and publish"),
     ("saved-sessions.json", "which library entry each local session was saved to, {server: {session: id}}, "
-     "written after each save", "publish_local_session"),
+     "written after each save; and what became of a save the client's signal ended (ended:<save_id>)",
+     "publish_local_session"),
 )
 
 # EVERY other file this process reads: the agents' own session files, for publish_local_session only
@@ -2527,8 +2528,17 @@ def saved_entry(base, key):
     return value if isinstance(value, str) and value else None
 
 
+def ended_save(base, save_id):
+    """What became of a save a server ended while it ran (``Saves.end``), or None: ``{"outcome":
+    "saved" | "failed" | "stopped" | "cut", "session": key, "at": time}`` under ``ended:<save_id>``."""
+    entries = (_record_file(SAVED_SESSIONS_FILE) or {}).get(sdk_module("config").normalize_base_url(base))
+    value = entries.get("ended:" + save_id) if isinstance(entries, dict) else None
+    return value if isinstance(value, dict) and isinstance(value.get("outcome"), str) else None
+
+
 def record_saved(base, key, collection):
-    """Remembers where a local session was saved, so saving it again adds a version there."""
+    """Remembers where a local session was saved, so saving it again adds a version there (and, under
+    ``ended:<save_id>``, what became of a save the process's end stopped: ``Saves.end``)."""
     config = sdk_module("config")
     with _records_lock:
         entries = _writable_record_file(SAVED_SESSIONS_FILE)
@@ -3398,6 +3408,18 @@ SAVES_RUNNING = 4  # saves running at once at most
 SAVE_POLL_S = 0.2
 
 
+# What a later server says of a save the process's end stopped (``Saves.end``): the record's outcome.
+ENDED_SAVE = {
+    "saved": say("This save finished as its server was ending: it is in your private library (search_sessions "
+                 "scope=library)."),
+    "failed": say("This save failed as its server was ending. Call publish_local_session again to save."),
+    "stopped": say("This save was stopped when its server was ended, before anything was sent. Call "
+                   "publish_local_session again to save."),
+    "cut": say("This save's upload was cut when its server was ended: it may or may not be stored. Check your "
+               "library (search_sessions scope=library) or call publish_local_session again to save."),
+}
+
+
 class Joined(Cancelled):
     """This save's session is being saved already: it ends here and its callers wait for that save."""
 
@@ -3503,6 +3525,12 @@ class Saves:
             self._expire()
             save = self.by_id.get(save_id)
         if save is None:
+            try:
+                ended = ended_save(self.server.settings.base, save_id)
+            except Exception:  # noqa: BLE001 - no record (or no SDK): unknown
+                ended = None
+            if ended is not None:
+                raise ToolError("save_ended", ENDED_SAVE.get(ended["outcome"], ENDED_SAVE["cut"]))
             raise ToolError("unknown_save", say("No save with this save_id is known to this server: a result is kept "
                                                 "%d minutes after its save ends, and a restarted server knows none. "
                                                 "Call publish_local_session without save_id to save again.",
@@ -3536,6 +3564,34 @@ class Saves:
     def running(self):
         with self.lock:
             return [s for s in self.by_id.values() if not s.done.is_set()]
+
+    def end(self, grace_s):
+        """The client ends the process (Claude Code: SIGINT, Codex CLI: SIGTERM; neither closes stdin
+        first): a save not uploading yet is stopped at once (nothing was sent); one uploading gets
+        ``grace_s`` to finish, then its connection is shut (a cut body is not stored; a whole one may
+        be: the record says so). What became of each is written to the saved-sessions record."""
+        running = self.running()
+        for save in running:
+            if not save.stage.startswith("uploading"):
+                save.cancel.set()
+        deadline = time.monotonic() + grace_s
+        for save in running:
+            save.done.wait(max(0.0, deadline - time.monotonic()))
+        uploading = {save.id for save in running if not save.done.is_set()}
+        for save in running:
+            save.cancel.set()
+            save.done.wait(1.0)
+        for save in running:
+            if save.joined is not None:
+                continue
+            outcome = ("cut" if save.id in uploading else "stopped" if save.result is None
+                       else "failed" if save.result.is_error else "saved")
+            try:
+                record_saved(self.server.settings.base, "ended:" + save.id, {
+                    "outcome": outcome, "session": save.key or "", "at": time.strftime(
+                        "%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+            except Exception:  # noqa: BLE001 - the process ends all the same
+                log("warning", "could not record what became of a save at exit")
 
 
 def answered_in_time(name, handler):
@@ -4358,8 +4414,13 @@ class Server:
         return result
 
     def shutdown(self, grace):
-        """stdin closed: let running calls finish (up to ``grace`` seconds), stop the scrub worker."""
+        """stdin closed: let running calls and saves finish (up to ``grace`` seconds), stop the scrub
+        worker."""
+        deadline = time.monotonic() + grace
         self.pool.wait_idle(grace)
+        for save in self.saves.running():
+            save.done.wait(max(0.0, deadline - time.monotonic()))
+        self.saves.end(0)
         SCRUB_WORKER.stop()
 
 
@@ -4371,6 +4432,10 @@ class Server:
 # become \u00XX); anything longer is answered with an error and skipped without being kept whole.
 MAX_LINE_BYTES = 16 * 1024 * 1024
 SHUTDOWN_GRACE_S = 30
+# An upload in flight when the client ends the process gets this long to finish: the clients send
+# SIGKILL soon after their signal (the TypeScript SDK 2 s after SIGTERM), and an upload cut short is
+# not stored, so waiting longer would only risk being killed mid-record.
+SIGNAL_GRACE_S = 1.5
 _LEADING_ID = re.compile(rb'^\s*\{(?:\s*"(?:jsonrpc|method)"\s*:\s*"[^"\\]{0,100}"\s*,)*\s*"id"\s*:\s*'
                          rb'(-?\d{1,18}|"[^"\\]{0,200}")')
 
@@ -4430,7 +4495,7 @@ def serve(settings):
     sys.stdout = sys.stderr  # anything a library prints goes to stderr, never into the protocol
     writer = Writer(protocol_out)
     server = Server(settings, writer)
-    _exit_on_sigterm(writer)
+    _exit_on_sigterm(writer, server)
     for line, oversized in read_lines(sys.stdin.buffer, MAX_LINE_BYTES):
         if oversized is not None:
             writer(rpc_error(oversized_id(oversized), -32600,
@@ -4445,19 +4510,23 @@ def serve(settings):
     return 0
 
 
-def _exit_on_sigterm(writer):
-    """SIGTERM is how MCP clients end a server that did not exit on stdin EOF: exit 0 promptly, once
-    a line being written by a worker thread is done (waiting at most 2 s; a line the main thread was
-    writing itself, or one blocked that long on a full pipe, can be cut)."""
+def _exit_on_sigterm(writer, server=None):
+    """SIGTERM (Codex CLI) and SIGINT (Claude Code) are how MCP clients end a server, without closing
+    stdin first: saves in flight end as ``Saves.end`` says (within SIGNAL_GRACE_S), then exit 0
+    promptly, once a line being written by a worker thread is done (waiting at most 2 s; a line the
+    main thread was writing itself, or one blocked that long on a full pipe, can be cut)."""
     def stop(signum, frame):
+        if server is not None:
+            server.saves.end(SIGNAL_GRACE_S)
         SCRUB_WORKER.stop()
         writer.lock.acquire(timeout=2)
         os._exit(0)
 
-    try:
-        signal.signal(signal.SIGTERM, stop)
-    except (ValueError, OSError):
-        pass  # not the main thread, or a platform without it
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        try:
+            signal.signal(signum, stop)
+        except (ValueError, OSError):
+            pass  # not the main thread, or a platform without it
 
 
 def sign_in_status(settings):

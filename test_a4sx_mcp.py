@@ -5455,6 +5455,43 @@ def test_cancelling_the_first_call_stops_the_save_but_a_status_call_does_not(spa
     assert not [m for m in slow.notes if m.get("id") == 52], slow.notes
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_client_s_signal_stops_a_scrubbing_save_and_lets_an_upload_finish_and_says_so_later(
+        spawn, stub, token, env, signum):
+    """Claude Code ends its servers with SIGINT, Codex CLI with SIGTERM, neither closing stdin first: a
+    save still scrubbing stops at once with nothing sent, an upload in flight gets SIGNAL_GRACE_S to
+    finish (else it is cut), the process exits 0, and a later server tells the save_id's caller what
+    became of it (the saved-sessions record)."""
+    turns = [claude_record("user" if i % 2 else "assistant", "line %d of a long session %s" % (i, "w " * 400))
+             for i in range(8000)]  # ~7 MiB: seconds of scrubbing
+    sid, _ = claude_session(env, turns)
+    proc = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "1"})
+    scrubbing, _ = saving_call(proc, "publish_local_session", {"session": sid})
+    assert scrubbing["status"] == "saving" and scrubbing["stage"].startswith("scrubbing"), scrubbing
+    proc.proc.send_signal(signum)
+    assert proc.proc.wait(10) == 0
+    time.sleep(0.5)
+    assert stub.requests("POST /library/push") == []
+    record = json.loads((env["cfg"] / "saved-sessions.json").read_text())[stub.base]
+    assert record["ended:" + scrubbing["save_id"]]["outcome"] == "stopped"
+    assert record["ended:" + scrubbing["save_id"]]["session"] == "claude-code:" + sid
+    later = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "1"})
+    told, text = saving_call(later, "publish_local_session", {"save_id": scrubbing["save_id"]})
+    assert told["error"] == "save_ended" and "before anything was sent" in text, text
+    # uploading: a push answered within the grace is finished and recorded as saved; a slow one is cut
+    for pushes, (delay, outcome) in enumerate(((a4sx_mcp.SIGNAL_GRACE_S / 2, "saved"), (20, "cut")), 1):
+        stub.queue("POST /library/push", None, delay=delay)
+        later.send({"jsonrpc": "2.0", "id": 60, "method": "tools/call", "params": {
+            "name": "publish_session", "arguments": {"transcript": cc_transcript("end-%d" % pushes)}}})
+        wait_until(lambda: len(stub.requests("POST /library/push")) == pushes)  # the upload is on its way
+        later.proc.send_signal(signum)
+        assert later.proc.wait(10) == 0
+        record = json.loads((env["cfg"] / "saved-sessions.json").read_text())[stub.base]
+        ended = [v for k, v in record.items() if k.startswith("ended:") and v["session"].startswith("sha256:")]
+        assert sorted(v["outcome"] for v in ended) == sorted(["saved", "cut"][:pushes]), record
+        later = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "1"})
+
+
 def test_local_session_that_loaded_another_authors_session_is_saved_untrusted(spawn, stub, token, env):
     """A fetched session framed as another author's, as Claude Code stores the tool result in its
     transcript, makes the saved session untrusted (and marked so on this machine)."""
@@ -7314,7 +7351,7 @@ def test_a_message_that_raises_does_not_end_the_process(monkeypatch):
         return real(self, line)
 
     monkeypatch.setattr(a4sx_mcp.Server, "handle_line", the_first_line_raises)
-    monkeypatch.setattr(a4sx_mcp, "_exit_on_sigterm", lambda writer: None)  # no SIGTERM handler in pytest
+    monkeypatch.setattr(a4sx_mcp, "_exit_on_sigterm", lambda writer, server=None: None)  # no SIGTERM handler in pytest
     monkeypatch.setattr(sys, "stdin", stdin)
     stdout = io.TextIOWrapper(out)  # held: serve drops sys.stdout, and a collected wrapper closes ``out``
     monkeypatch.setattr(sys, "stdout", stdout)
