@@ -1439,8 +1439,9 @@ def error_text(code, message):
 
 
 def rpc_error(msg_id, code, message, data=None):
-    """A JSON-RPC error: ``message`` is this file's Words, and ``data`` an object of counts, Words and
-    lists of Words (``say`` refuses anything else, with TypeError)."""
+    """A JSON-RPC error: ``message`` is this file's Words, and ``data`` an object of counts, Words,
+    lists of Words and objects of these under plain names (``say`` refuses anything else, with
+    TypeError)."""
     error = {"code": code, "message": say("%s", message)}
     if data is not None:
         error["data"] = {plain_name(key): _counts_or_words(value) for key, value in data.items()}
@@ -1450,6 +1451,8 @@ def rpc_error(msg_id, code, message, data=None):
 def _counts_or_words(value):
     if isinstance(value, list):
         return [say("%s", item) for item in value]
+    if isinstance(value, dict):  # e.g. -32021's requiredCapabilities: names of this file, nested
+        return {plain_name(key): _counts_or_words(item) for key, item in value.items()}
     return value if value is None or isinstance(value, int) else say("%s", value)
 
 
@@ -3443,6 +3446,8 @@ class Save:
         self.key = None
         self.watchers = set()  # the progress reporters of the calls waiting for it
         self.ttl_s = SAVE_KEEP_S
+        self.task = None  # (kind, version) when it runs as an MCP task: "legacy" (2025-11-25) or "modern"
+        self.task_cancelled = False  # tasks/cancel: the task is cancelled, whatever the save still does
 
     def current(self):
         """The save whose result this one's callers get: itself, or the one it joined."""
@@ -3520,10 +3525,19 @@ class Saves:
         for watcher in list(save.watchers):
             watcher(message)
 
-    def get(self, save_id):
+    def find(self, save_id):
+        """The Save of this id (a task id too), or None."""
         with self.lock:
             self._expire()
-            save = self.by_id.get(save_id)
+            return self.by_id.get(save_id) if isinstance(save_id, str) else None
+
+    def tasks(self):
+        with self.lock:
+            self._expire()
+            return [s for s in self.by_id.values() if s.task is not None]
+
+    def get(self, save_id):
+        save = self.find(save_id)
         if save is None:
             try:
                 ended = ended_save(self.server.settings.base, save_id)
@@ -3622,13 +3636,31 @@ def answered_in_time(name, handler):
     return tool
 
 
+def as_task(name):
+    """A save run as an MCP task (``Server.start_task``): the arguments are checked here, in the save,
+    since the request is answered with the task at once."""
+    schema = TOOLS_BY_NAME[name]["inputSchema"]
+
+    def run(ctx, arguments):
+        args = {} if arguments is None else arguments
+        problem = validate(schema, args, say("arguments"))
+        if problem:
+            raise ToolError("invalid_arguments", say("%s. Nothing was sent.", problem))
+        if "save_id" in args:
+            raise ToolError("invalid_arguments", say("save_id is for a call without a task: a task is its own "
+                                                     "save. Nothing was sent."))
+        return SAVE_HANDLERS[name](ctx, with_defaults(schema, args))
+    return run
+
+
+SAVE_HANDLERS = {"publish_session": tool_publish_session, "publish_local_session": tool_publish_local_session}
 HANDLERS = {
     "search_sessions": tool_search_sessions,
     "get_session_summary": tool_get_session_summary,
     "acquire_session": tool_acquire_session,
     "fetch_session_context": tool_fetch_session_context,
-    "publish_session": answered_in_time("publish_session", tool_publish_session),
-    "publish_local_session": answered_in_time("publish_local_session", tool_publish_local_session),
+    "publish_session": answered_in_time("publish_session", SAVE_HANDLERS["publish_session"]),
+    "publish_local_session": answered_in_time("publish_local_session", SAVE_HANDLERS["publish_local_session"]),
 }
 
 
@@ -3951,7 +3983,13 @@ TOOLS_TTL_MS = 3600 * 1000
 REMOVED_IN_MODERN = ("initialize", "ping", "logging/setLevel", "resources/subscribe", "resources/unsubscribe")
 FEATURE_METHODS = ("resources/list", "resources/read", "resources/templates/list", "prompts/list", "prompts/get",
                    "completion/complete")
-KNOWN_METHODS = ("initialize", "ping", "server/discover", "tools/list", "tools/call") + FEATURE_METHODS
+TASK_METHODS = ("tasks/get", "tasks/result", "tasks/list", "tasks/cancel", "tasks/update")
+LEGACY_TASK_METHODS = ("tasks/get", "tasks/result", "tasks/list", "tasks/cancel")  # 2025-11-25's experimental tasks
+MODERN_TASK_METHODS = ("tasks/get", "tasks/update", "tasks/cancel")  # the 2026-07-28 extension's
+TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
+RELATED_TASK = "io.modelcontextprotocol/related-task"
+TASK_POLL_MS = 2000  # a save's stage changes every few seconds at most
+KNOWN_METHODS = ("initialize", "ping", "server/discover", "tools/list", "tools/call") + FEATURE_METHODS + TASK_METHODS
 TOOL_FAILURE = 1000  # JSON-RPC code (outside the reserved range) of a resource or prompt whose tool failed
 WEBSITE_URL = "https://session-exchange.com"
 SERVER_DESCRIPTION = ("Find, load and privately save coding-agent sessions from the a4sx library and "
@@ -4245,6 +4283,8 @@ class Server:
             raise RpcError(-32029, say("Too many requests"), {"retry_after_s": wait})
         if method in FEATURE_METHODS:
             return self.serve_feature(msg_id, method, params, version, reply)
+        if method in TASK_METHODS:
+            return self.serve_task(msg_id, method, params, version, reply)
         if method == "tools/list":
             cursor = params.get("cursor")
             if cursor is not None:
@@ -4364,17 +4404,126 @@ class Server:
     # --- tool calls -------------------------------------------------------------------------
 
     def start_call(self, msg_id, name, params, version, reply):
-        """A tools/call on a worker (``start_job``): the tool's Result as the call's result."""
+        """A tools/call on a worker (``start_job``): the tool's Result as the call's result; a save the
+        client asked to run as a task answers with the task at once (``start_task``)."""
+        kind = self._task_kind(name, params, version)
+        if kind is not None:
+            return self.start_task(msg_id, name, params, version, reply, kind)
+
         def work(ctx):
             result = self.run_tool(name, params.get("arguments"), ctx)
-            if result is None:
-                return None
-            payload = {"content": [{"type": "text", "text": result.text}], "isError": result.is_error}
-            if has(version, "structured tool results"):
-                payload["structuredContent"] = result.structured
-            return payload
+            return None if result is None else self.tool_payload(result, version)
 
         self.start_job(msg_id, work, reply, meta=params.get("_meta"), version=version)
+
+    @staticmethod
+    def tool_payload(result, version):
+        """A tool's Result as a CallToolResult: its two copies (claim 6) and isError."""
+        payload = {"content": [{"type": "text", "text": result.text}], "isError": result.is_error}
+        if has(version, "structured tool results"):
+            payload["structuredContent"] = result.structured
+        return payload
+
+    # --- tasks: a save as an MCP task, 2025-11-25's experimental ones or the 2026-07-28 extension ----
+
+    @staticmethod
+    def _task_kind(name, params, version):
+        """"legacy" when a 2025-11-25 tools/call carries ``task`` (a save only: another tool's task is
+        -32601, as the revision says for taskSupport "forbidden"); "modern" for a save whose 2026-07-28
+        request declares the tasks extension (the server's choice: every save is a task then); else None."""
+        if version in MODERN_VERSIONS:
+            return "modern" if name in SAVE_HANDLERS and declares_tasks(params.get("_meta")) else None
+        if "task" not in params or not has_legacy_tasks(version):
+            return None  # before 2025-11-25 there are no tasks: the parameter is ignored
+        if not isinstance(params["task"], dict):
+            raise RpcError(-32602, say("Invalid params: task must be an object"))
+        if name not in SAVE_HANDLERS:
+            raise RpcError(-32601, say("Method not found: %s does not run as a task", plain_name(name)))
+        return "legacy"
+
+    def start_task(self, msg_id, name, params, version, reply, kind):
+        """Starts the save in the store (``Saves``) and answers with its task: nothing the client does to
+        this request stops it from here on, only tasks/cancel or the process's end."""
+        def work(ctx):
+            try:
+                save = self.saves.start(ctx, name, as_task(name), params.get("arguments"))
+            except ToolError as err:  # too many saves at once: the tool's error, not a task
+                return self.tool_payload(error_result(err), version)
+            save.detached, save.task = True, (kind, version)
+            task = self.task_state(save)
+            return {"task": task} if kind == "legacy" else dict(task, resultType="task")
+
+        self.start_job(msg_id, work, reply, meta=params.get("_meta"), version=version)
+
+    def task_state(self, save, with_result=False):
+        """A save as a Task of its revision: status, this file's stage words, times, TTL and poll
+        interval; ``with_result``: a 2026-07-28 task's result inline once completed."""
+        kind, version = save.task
+        current = save.current()
+        done = current.done.is_set() and current.joined is None
+        if save.task_cancelled or (done and current.result is None):
+            status, message = "cancelled", say("stopped before anything was sent")
+        elif not done:
+            status, message = "working", current.stage
+        elif current.result.is_error:  # 2025-11-25 counts a tool error as failed; the extension, completed
+            status, message = ("failed" if kind == "legacy" else "completed"), say("the save failed")
+        else:
+            status, message = "completed", say("saved")
+        stamp = max(save.updated_at, current.updated_at)
+        task = {"taskId": save.id, "status": status, "statusMessage": message,
+                "createdAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(save.created_at)),
+                "lastUpdatedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(stamp))}
+        if kind == "legacy":
+            task.update(ttl=SAVE_KEEP_S * 1000, pollInterval=TASK_POLL_MS)
+        else:
+            task.update(ttlMs=SAVE_KEEP_S * 1000, pollIntervalMs=TASK_POLL_MS)
+            if with_result and status == "completed":
+                task["result"] = self.tool_payload(current.result, version)
+        return task
+
+    def serve_task(self, msg_id, method, params, version, reply):
+        """tasks/* of the revision in use: 2025-11-25's four, or the extension's three, which need the
+        extension declared on the request (-32021). A task of the other revision is not found."""
+        modern = version in MODERN_VERSIONS
+        if method not in (MODERN_TASK_METHODS if modern else LEGACY_TASK_METHODS if has_legacy_tasks(version) else ()):
+            raise RpcError(-32601, say("Method not found: %s", plain_name(method)))  # one of TASK_METHODS
+        if modern and not declares_tasks(params.get("_meta")):
+            raise RpcError(-32021, say("Missing required client capability"),
+                           {"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}})
+        if method == "tasks/list":
+            if params.get("cursor") is not None:
+                raise RpcError(-32602, say("Invalid params: unknown cursor (the task list has one page)"))
+            listed = [self.task_state(s) for s in self.saves.tasks() if s.task[0] == "legacy"]
+            return reply({"jsonrpc": "2.0", "id": msg_id, "result": {"tasks": listed}})
+        save = self.saves.find(params.get("taskId"))
+        if save is None or save.task is None or (save.task[0] == "modern") != modern:
+            raise RpcError(-32602, say("Failed to retrieve task: Task not found"))
+        if method == "tasks/get":
+            return reply({"jsonrpc": "2.0", "id": msg_id, "result": self.task_state(save, with_result=True)})
+        if method == "tasks/update":
+            if params.get("inputResponses"):
+                raise RpcError(-32602, say("Invalid params: the task has no outstanding input requests"))
+            return reply({"jsonrpc": "2.0", "id": msg_id, "result": {}})
+        if method == "tasks/cancel":
+            status = self.task_state(save)["status"]
+            if status != "working" and not modern:
+                raise RpcError(-32602, say("Cannot cancel task: already in terminal status %s", plain_name(status)))
+            if status == "working":
+                save.task_cancelled = True
+                save.current().cancel.set()
+            return reply({"jsonrpc": "2.0", "id": msg_id, "result": {} if modern else self.task_state(save)})
+
+        def work(ctx):  # tasks/result: waits for the end (2025-11-25), cancellable like a call
+            current = self.saves.wait(save, None, ctx.cancel)
+            if ctx.cancel.is_set():
+                return None
+            result = current.result if current.result is not None and not save.task_cancelled else error_result(
+                ToolError("save_stopped", say("The task was cancelled before anything was sent.")))
+            payload = self.tool_payload(result, version)
+            payload["_meta"] = {RELATED_TASK: {"taskId": save.id}}
+            return payload
+
+        self.start_job(msg_id, work, reply, version=version)
 
     def _progress_reporter(self, state, token, version):
         def progress(message):
@@ -4707,13 +4856,25 @@ def main(argv=None):
 SINCE = {
     "tool annotations": "2025-03-26", "the completions capability": "2025-03-26", "progress messages": "2025-03-26",
     "titles": "2025-06-18", "structured tool results": "2025-06-18", "annotations on resources": "2025-06-18",
-    "server descriptions and icons": "2025-11-25",
+    "server descriptions and icons": "2025-11-25", "experimental tasks": "2025-11-25",
 }
 
 
 def has(version, feature):
     """True when the revision ``version`` (a date string: they sort in time) has ``feature``."""
     return version >= SINCE[feature]
+
+
+def has_legacy_tasks(version):
+    """2025-11-25's experimental tasks: in that revision only (2026-07-28 moved them to an extension)."""
+    return version not in MODERN_VERSIONS and has(version, "experimental tasks")
+
+
+def declares_tasks(meta):
+    """Whether a 2026-07-28 request's client capabilities declare the tasks extension."""
+    caps = meta.get(META_CAPABILITIES) if isinstance(meta, dict) else None
+    extensions = caps.get("extensions") if isinstance(caps, dict) else None
+    return isinstance(extensions, dict) and isinstance(extensions.get(TASKS_EXTENSION), dict)
 
 
 def server_info(version, full=False):
@@ -4732,6 +4893,10 @@ def capabilities(version):
     caps = {"tools": {}, "resources": {}, "prompts": {}}
     if has(version, "the completions capability"):
         caps["completions"] = {}
+    if has_legacy_tasks(version):  # saves run as tasks (``Server.start_task``)
+        caps["tasks"] = {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
+    if version in MODERN_VERSIONS:
+        caps["extensions"] = {TASKS_EXTENSION: {}}
     return caps
 
 
@@ -4748,6 +4913,8 @@ def tools_for(version):
             shown["outputSchema"] = OUTPUT_SCHEMAS[tool["name"]]
             if tool["name"] in CLIENT_META:
                 shown["_meta"] = CLIENT_META[tool["name"]]
+        if has_legacy_tasks(version) and tool["name"] in SAVE_HANDLERS:
+            shown["execution"] = {"taskSupport": "optional"}
         out.append(shown)
     return out
 

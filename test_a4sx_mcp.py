@@ -1501,7 +1501,7 @@ REVIEW_SEARCHES = {
         (r"api\.send\(", {"ToolContext.send", "run_check"})],
     5: [(r"_exchange\(|_read_body\(", {"Api.send", "Api._exchange", "_read_body"})],
     6: [(r"Result\(", {"json_result", "saving_result", "context_result", "error_result", "framed_error"}),
-        (r'"text": ', {"get_prompt", "Server.serve_feature", "Server.start_call"}),
+        (r'"text": ', {"get_prompt", "Server.serve_feature", "Server.tool_payload"}),
         (r"\benvelope\(|fenced\(", {"fenced", "envelope", "_frame", "render_context", "context_result"}),
         (r"context_result\(", {"context_result", "tool_fetch_session_context"})],
     7: [(r"publish_checked\(", {"publish_checked", "tool_publish_session", "tool_publish_local_session"}),
@@ -6364,7 +6364,8 @@ def test_capabilities_and_server_metadata_per_revision(spawn, version):
         result = proc.initialize(version)["result"]
         info = result["serverInfo"]
     caps = result["capabilities"]
-    assert set(caps) == {"tools", "resources", "prompts"} | ({"completions"} if version >= "2025-03-26" else set())
+    tasks = {"extensions"} if version == MODERN else {"tasks"} if version == "2025-11-25" else set()  # saves as tasks
+    assert set(caps) == {"tools", "resources", "prompts"} | ({"completions"} if version >= "2025-03-26" else set()) | tasks
     assert caps["resources"] == {} and caps["prompts"] == {}  # no subscribe, no listChanged
     if version >= "2025-11-25":
         assert info["websiteUrl"] == "https://session-exchange.com" and "sessions" in info["description"]
@@ -6832,6 +6833,212 @@ def test_interop_typescript_sdk_resources_prompts_completions(interop_server, in
     assert "error" not in found, found["error"] + interop_server.diag()
     assert set(found["capabilities"]) >= {"tools", "resources", "prompts", "completions"}
     _interop_features_check(found, interop_server)
+
+
+MODERN_TASKS_META = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                     "io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}}}
+
+
+def test_tasks_over_the_pipes_in_both_revisions_and_their_errors(spawn, stub, token):
+    """One store serves a call, a save_id call and both task protocols: a 2026-07-28 save is a task
+    only when its request declares the extension (tasks/get inlines the result; tasks/update and
+    tasks/cancel answer; -32021 without the extension), a 2025-11-25 task of a tool that is not a save
+    is -32601, an unknown task -32602, and revisions before 2025-11-25 show and take no tasks."""
+    proc = spawn()
+    modern = MODERN_TASKS_META
+    plain = dict(modern, **{"io.modelcontextprotocol/clientCapabilities": {}})
+    discover = proc.request("server/discover", {"_meta": plain})["result"]
+    assert discover["capabilities"]["extensions"] == {"io.modelcontextprotocol/tasks": {}}
+    assert "tasks" not in discover["capabilities"]
+    listed = proc.request("tools/list", {"_meta": plain})["result"]["tools"]
+    assert not any("execution" in tool for tool in listed)  # 2026-07-28 has no execution field
+    stub.queue("POST /library/push", None, delay=2)
+    created = proc.request("tools/call", {"name": "publish_session", "_meta": modern,
+                                          "arguments": {"transcript": cc_transcript("task-pipe-1")}})["result"]
+    assert created["resultType"] == "task" and created["status"] == "working", created
+    assert set(created) >= {"taskId", "createdAt", "lastUpdatedAt", "ttlMs", "pollIntervalMs"}
+    task_id = created["taskId"]
+    refused = proc.request("tasks/get", {"taskId": task_id, "_meta": plain})["error"]
+    assert refused["code"] == -32021 and refused["data"] == {
+        "requiredCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}}}, refused
+    assert proc.request("tasks/update", {"taskId": task_id, "inputResponses": {}, "_meta": modern})["result"][
+        "resultType"] == "complete"
+    assert proc.request("tasks/result", {"taskId": task_id, "_meta": modern})["error"]["code"] == -32601
+    got = {}
+    for _ in range(50):
+        got = proc.request("tasks/get", {"taskId": task_id, "_meta": modern})["result"]
+        if got["status"] != "working":
+            break
+        time.sleep(0.2)
+    assert got["status"] == "completed" and got["resultType"] == "complete", got
+    assert unframe(got["result"]["structuredContent"])["status"] == "saved" and len(stub.pushes) == 1
+    # without the extension declared the same save answers as a call does (here: saved at once)
+    direct = proc.request("tools/call", {"name": "publish_session", "_meta": plain,
+                                         "arguments": {"transcript": cc_transcript("task-pipe-2")}})["result"]
+    assert "taskId" not in direct and direct["resultType"] == "complete" and direct["isError"] is False
+    # cancelling a working 2026 task: acknowledged, cancelled, nothing sent
+    stub.queue("GET /library/sessions", None, delay=3)
+    slow = proc.request("tools/call", {"name": "publish_session", "_meta": modern, "arguments": {
+        "transcript": cc_transcript("task-pipe-3"), "label": "slow"}})["result"]
+    assert proc.request("tasks/cancel", {"taskId": slow["taskId"], "_meta": modern})["result"] == {
+        "resultType": "complete", "_meta": {"io.modelcontextprotocol/serverInfo": a4sx_mcp.server_info("2026-07-28")}}
+    assert proc.request("tasks/get", {"taskId": slow["taskId"], "_meta": modern})["result"]["status"] == "cancelled"
+    assert proc.request("tasks/get", {"taskId": "0" * 32, "_meta": modern})["error"]["code"] == -32602
+    # 2025-11-25: a task of another tool is -32601; the 2026 task is not one of this revision's
+    search = proc.request("tools/call", {"name": "search_sessions", "arguments": {"query": "x"}, "task": {}})
+    assert search["error"]["code"] == -32601, search
+    assert proc.request("tasks/get", {"taskId": task_id})["error"]["code"] == -32602
+    assert proc.request("tasks/list", {})["result"] == {"tasks": []}
+    time.sleep(3.5)
+    assert len(stub.pushes) == 2  # the cancelled one sent nothing
+    older = spawn(initialize="2025-06-18")
+    caps = older.request("initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
+                                        "clientInfo": {"name": "t", "version": "0"}})["result"]["capabilities"]
+    assert "tasks" not in caps and older.request("tasks/list", {})["error"]["code"] == -32601
+    assert not any("execution" in t for t in older.request("tools/list")["result"]["tools"])
+
+
+_INTEROP_TS_TASKS = r"""
+import { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
+
+const cfg = JSON.parse(process.argv[2]);
+const opts = { timeout: cfg.timeoutMs };
+const out = { client: 'typescript-tasks', saved: [], stopped: [] };
+const transport = new StdioClientTransport({ command: cfg.command, args: cfg.args, env: cfg.env, stderr: 'inherit' });
+const client = new Client({ name: 'a4sx-interop-ts', version: '0.0.0' }, { capabilities: {} });
+const shown = (m) => (m.type === 'error' ? { type: 'error', error: String(m.error) }
+                      : m.type === 'result' ? { type: 'result', result: m.result } : { type: m.type, task: m.task });
+try {
+  await client.connect(transport, opts);
+  out.capabilities = client.getServerCapabilities();
+  out.execution = Object.fromEntries((await client.listTools(undefined, opts)).tools.map((t) => [t.name, t.execution ?? null]));
+  for await (const m of client.experimental.tasks.callToolStream(
+      { name: 'publish_session', arguments: { transcript: cfg.transcripts[0] } }, undefined, opts)) {
+    out.saved.push(shown(m));
+  }
+  out.listed = (await client.experimental.tasks.listTasks(undefined, opts)).tasks.map((t) => [t.taskId, t.status]);
+  for await (const m of client.experimental.tasks.callToolStream(
+      { name: 'publish_session', arguments: { transcript: cfg.transcripts[1], label: 'slow' } }, undefined, opts)) {
+    out.stopped.push(shown(m));
+    if (m.type === 'taskCreated') {
+      out.cancelled = await client.experimental.tasks.cancelTask(m.task.taskId, opts);
+    }
+  }
+} catch (e) {
+  out.error = String((e && e.stack) || e);
+} finally {
+  try { await client.close(); } catch (e) { out.close = String(e); }
+}
+process.stdout.write(JSON.stringify(out) + '\n', () => process.exit(0));
+"""
+
+
+def test_interop_typescript_sdk_runs_a_save_as_a_2025_11_25_task(interop_server, interop_stub, tmp_path):
+    """TypeScript SDK 1.32's experimental task client (callToolStream, listTasks, cancelTask) against
+    the 2025-11-25 tasks: the tasks capability and publish's taskSupport, a save answered with its
+    task at once and polled to its result (one upload), and a cancelled task that sent nothing."""
+    _interop_library(interop_server, interop_stub)
+    interop_stub.queue("POST /library/push", None, delay=3)  # still working when first polled
+    interop_stub.queue("GET /library/sessions", None, delay=5)  # the labelled save waits here: cancelled
+    transcripts = [cc_transcript("task-ts-1"), cc_transcript("task-ts-2")]
+    source = _INTEROP_TS_TASKS.replace("cfg.transcripts", json.dumps(transcripts))
+    found = _run_node_script(interop_server, tmp_path, source)
+    ctx = json.dumps(found, indent=1)[:6000] + interop_server.diag()
+    assert "error" not in found, ctx
+    assert found["capabilities"]["tasks"] == {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}, ctx
+    assert found["execution"]["publish_session"] == {"taskSupport": "optional"}, ctx
+    assert found["execution"]["search_sessions"] is None, ctx
+    kinds = [m["type"] for m in found["saved"]]
+    assert kinds[0] == "taskCreated" and "taskStatus" in kinds and kinds[-1] == "result", ctx
+    assert [m["task"]["status"] for m in found["saved"] if m["type"] == "taskStatus"][0] == "working", ctx
+    result = found["saved"][-1]["result"]
+    saved = unframe(result["structuredContent"])
+    assert result["isError"] is False and saved["status"] == "saved", ctx
+    pushes = interop_stub.requests("POST /library/push")
+    assert len(pushes) == 1 and saved["library_id"] == interop_stub.pushes[0]["collection"], ctx
+    task_id = found["saved"][0]["task"]["taskId"]
+    assert [task_id, "completed"] in found["listed"], ctx
+    assert found["cancelled"]["status"] == "cancelled", ctx
+    assert found["stopped"][-1]["type"] == "error" and "cancelled" in found["stopped"][-1]["error"], ctx
+    time.sleep(5.5)  # the library answer the cancelled save waited for has come and gone
+    assert len(interop_stub.requests("POST /library/push")) == 1, ctx
+
+
+class _TaskHandle(object):
+    """Built lazily (pydantic models need the SDK): see ``_tasks_extension``."""
+
+
+def _tasks_extension(found):
+    """The 2026-07-28 tasks extension as a client extension of the official Python SDK: a result claim
+    for resultType "task" whose resolver polls tasks/get (honouring pollIntervalMs) until the task is
+    terminal, and returns the result inlined in the completed task."""
+    from typing import Literal, Optional
+
+    import anyio
+    import mcp_types
+    from mcp.client.extension import ClientExtension, ResultClaim
+    from pydantic import TypeAdapter
+
+    class TaskHandle(mcp_types.Result):
+        result_type: Literal["task"]
+        task_id: str
+        status: str
+        poll_interval_ms: Optional[int] = None
+
+    async def resolve(handle, ctx):
+        found.setdefault("handles", []).append(handle.model_dump(by_alias=True, mode="json"))
+        while True:
+            got = await ctx.session.send_request(
+                mcp_types.GetTaskRequest(params=mcp_types.GetTaskRequestParams(task_id=handle.task_id)),
+                TypeAdapter(dict))
+            found.setdefault("polled", []).append({k: v for k, v in got.items() if k != "result"})
+            if got["status"] != "working":
+                return mcp_types.CallToolResult.model_validate(got["result"])
+            await anyio.sleep(got.get("pollIntervalMs", 1000) / 1000)
+
+    class Tasks(ClientExtension):
+        identifier = "io.modelcontextprotocol/tasks"
+
+        def claims(self):
+            return [ResultClaim(result_type="task", model=TaskHandle, resolve=resolve)]
+
+    return Tasks()
+
+
+async def _interop_python_tasks(srv, mode):
+    import mcp
+    from mcp.client.stdio import stdio_client
+
+    found = {"client": "python-" + mode}
+    params = mcp.StdioServerParameters(command=srv.command, args=srv.args, env=srv.env)
+    with open(srv.dir / "launcher.stderr", "w") as errlog:
+        client = mcp.Client(stdio_client(params, errlog=errlog), mode=mode, extensions=[_tasks_extension(found)],
+                            read_timeout_seconds=INTEROP_REQUEST_TIMEOUT_S)
+        async with client:  # the extension's claim resolves the task: the caller sees the tool's result
+            result = await client.call_tool("publish_session", {"transcript": cc_transcript("task-py")})
+            found["result"] = {"isError": result.is_error, "structuredContent": result.structured_content}
+    return found
+
+
+def test_interop_python_sdk_runs_a_save_as_a_2026_07_28_task(interop_server, interop_stub):
+    """The official Python SDK (2.3.0) with the tasks extension declared per request, through a client
+    extension whose result claim polls tasks/get: the save answers with its task handle at once and
+    ends in one upload, the result inlined in the completed task. (The SDK has no 2025-11-25 task
+    client: its result surface for tools/call at that revision is CallToolResult only, so it refuses a
+    CreateTaskResult; the TypeScript SDK's covers those.)"""
+    interop_stub.queue("POST /library/push", None, delay=3)  # still working when first polled
+    found = _run_python_client(interop_server, "2026-07-28", _interop_python_tasks,
+                               before=lambda: _interop_library(interop_server, interop_stub))
+    ctx = json.dumps(found, indent=1, default=str)[:6000] + interop_server.diag()
+    handle = found["handles"][0]
+    assert re.fullmatch("[0-9a-f]{32}", handle["taskId"]) and handle["status"] == "working", ctx
+    assert handle["resultType"] == "task" and handle["pollIntervalMs"] == a4sx_mcp.TASK_POLL_MS, ctx
+    assert found["polled"][0]["status"] == "working" and found["polled"][-1]["status"] == "completed", ctx
+    assert found["result"]["isError"] is False and unframe(found["result"]["structuredContent"])["status"] == "saved"
+    assert len(interop_stub.requests("POST /library/push")) == 1, ctx
+    methods = interop_server.client_methods()
+    assert methods.count("tools/call") == 1 and "tasks/get" in methods, ctx
 
 
 def test_interop_inspector_cli_lists_resources_and_prompts(interop_server, interop_stub, tmp_path):
