@@ -18,9 +18,10 @@ performance code; each section's banner names the claims below that it carries:
 4. transcripts and the taint rule  (claims 7, 8, 16: ``check_transcript``, ``publish_taint``; the renderer)
 5. local session files             (claims 13, 15: the agents' own transcripts, found and read safely)
 6. the a4sx SDK bridge             (claims 7, 9: the scrub worker, the SDK's records, lazily)
-7. tools                           (claims 7, 10, 15: schemas, validation, handlers, ``publish_checked``)
+7. tools                           (claims 7, 10, 15: schemas, validation, handlers, ``publish_checked``,
+                                    ``Saves``: saves answered in time, finished in the background)
 8. resources, prompts, completions (claim 14: the same handlers, picked by the user; prompt texts)
-9. the MCP dispatcher              (both eras, every request answered once: tested, not a claim)
+9. the MCP dispatcher              (both eras, every request answered once, saves as MCP tasks: tested, not a claim)
 10. the stdio loop and ``main``    (claims 11, 12: ``Writer``, ``serve``, ``--check``, ``--version``)
 11. compatibility                  (what each handshake revision shows: ``has``, ``tools_for``)
 12. performance only               (shortcuts that change no result: skip when auditing)
@@ -3464,7 +3465,7 @@ class Saves:
 
     def __init__(self, server):
         self.server = server
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # re-entered when a signal's ``end`` interrupts the main thread's ``find``
         self.by_id = {}
         self.by_key = {}
 
@@ -3566,7 +3567,8 @@ class Saves:
         while True:
             current = save.current()
             left = None if deadline is None else deadline - time.monotonic()
-            if (current.done.is_set() and current.joined is None) or cancel.is_set() or (left is not None and left <= 0):
+            finished = current.done.is_set() and current.joined is None
+            if finished or cancel.is_set() or (left is not None and left <= 0):
                 return current
             if reporter is not None:
                 current.watchers.add(reporter)

@@ -5716,6 +5716,71 @@ def test_codex_saves_its_own_session(env, stub, token, spawn, tmp_path, case):
               trap.hits))
 
 
+class SaveIdFollower(FakeResponsesApi):
+    """The scripted model follows a ``saving`` answer's one instruction: while the last output of a
+    publish_local_session call says "Not saved yet", it calls publish_local_session with that
+    save_id (at most 20 times)."""
+
+    SAVE_ID = re.compile(r'save_id[\\"]*: *[\\"]*([0-9a-f]{32})')
+
+    def _turn(self, body, entry):
+        if self.handed and len(self.handed) == len(self.calls) and len(self.calls) < 20:
+            last = [i for i in body.get("input") or [] if isinstance(i, dict)
+                    and i.get("type") == "function_call_output" and i.get("call_id") == self.handed[-1][1]]
+            text = json.dumps(last[0].get("output")) if last else ""
+            found = self.SAVE_ID.search(text)
+            if found and "Not saved yet" in text:
+                self.calls.append(("publish_local_session", {"save_id": found.group(1)}))
+        return super()._turn(body, entry)
+
+
+def test_codex_saves_a_session_slower_than_its_tool_timeout_through_save_id_calls(env, stub, token, tmp_path):
+    """Codex CLI with tool_timeout_sec (2 s) below the save's time (an upload answered after 6 s): the
+    first call answers saving within the bound, the scripted model follows the instruction with
+    save_id calls, and the last one answers saved: one upload, no call timed out."""
+    if not CODEX_BIN.exists():
+        _interop_missing("%s not found (npm install @openai/codex@0.169.0)" % CODEX_BIN)
+    stub_server.seed_demo(stub)
+    stub.queue("POST /library/push", None, delay=6)
+    home, work = tmp_path / "codex-home", tmp_path / "codex-work"
+    codex_home = home / ".codex"
+    for folder in (home, codex_home, work):
+        folder.mkdir()
+    srv = _InteropServer(tmp_path, stub.base)
+    srv.env.update(HOME=str(home), A4SX_CONFIG_DIR=str(env["cfg"]), A4SX_MCP_ANSWER_WITHIN_S="1")
+    api, trap = SaveIdFollower([("publish_local_session", {})]), ProxyTrap()
+    cmd = [str(CODEX_BIN), "exec", "--skip-git-repo-check", "--json", "-C", str(work), "-m", "gpt-5.5",
+           "-c", "model_provider=fake", "-c", api.provider(),
+           "-c", "mcp_servers.a4sx.command=" + _toml(srv.command),
+           "-c", "mcp_servers.a4sx.args=" + _toml(srv.args),
+           "-c", "mcp_servers.a4sx.env=" + _toml(srv.env),
+           "-c", "mcp_servers.a4sx.tool_timeout_sec=2",
+           "Save this session with a4sx."]
+    environ = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "CODEX_HOME": str(codex_home),
+               "TERM": "dumb", "LANG": "C.UTF-8", "OPENAI_API_KEY": "e2e-dummy-" + uuid.uuid4().hex,
+               "HTTPS_PROXY": trap.url, "HTTP_PROXY": trap.url, "ALL_PROXY": trap.url,
+               "https_proxy": trap.url, "http_proxy": trap.url, "all_proxy": trap.url,
+               "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
+    rc, out, err, elapsed = run_agent_cli(cmd, work, environ, (api, trap), CODEX_TIMEOUT_S)
+
+    def ctx():
+        return "\ncodex rc=%s in %.1fs\nstdout=%s\nstderr=%s%s%s" % (
+            rc, elapsed, (out or "")[-3000:], (err or "")[-3000:], api.diag(), srv.diag())
+
+    assert all(CODEX_TRAP_ALLOWED.match(hit) for hit in trap.hits), trap.hits
+    assert rc == 0, "codex failed" + ctx()
+    _, wire = _cc_wire(srv)
+    assert len(wire) >= 3 and [name for name, _ in wire] == ["publish_local_session"] * len(wire), ctx()
+    first, last = wire[0][1], wire[-1][1]
+    assert first["structuredContent"]["status"] == "saving" and first["isError"] is False, ctx()
+    assert [args for _, args in api.calls[1:]] == [{"save_id": first["structuredContent"]["save_id"]}] * (
+        len(wire) - 1), ctx()
+    assert last["isError"] is False and unframe(last["structuredContent"])["status"] == "saved", ctx()
+    assert "timed out" not in json.dumps([api.outputs[cid] for _, cid in api.handed]), ctx()
+    assert len(stub.pushes) == 1, ctx()
+    print("codex e2e slow save: %d calls, codex run %.1fs" % (len(wire), elapsed))
+
+
 # =============================================================================================
 # 7. Tools, resources, prompts and completions (sections 7 and 8): each tool, limits, client features
 # =============================================================================================
@@ -6365,7 +6430,8 @@ def test_capabilities_and_server_metadata_per_revision(spawn, version):
         info = result["serverInfo"]
     caps = result["capabilities"]
     tasks = {"extensions"} if version == MODERN else {"tasks"} if version == "2025-11-25" else set()  # saves as tasks
-    assert set(caps) == {"tools", "resources", "prompts"} | ({"completions"} if version >= "2025-03-26" else set()) | tasks
+    completions = {"completions"} if version >= "2025-03-26" else set()
+    assert set(caps) == {"tools", "resources", "prompts"} | completions | tasks
     assert caps["resources"] == {} and caps["prompts"] == {}  # no subscribe, no listChanged
     if version >= "2025-11-25":
         assert info["websiteUrl"] == "https://session-exchange.com" and "sessions" in info["description"]
@@ -6835,8 +6901,8 @@ def test_interop_typescript_sdk_resources_prompts_completions(interop_server, in
     _interop_features_check(found, interop_server)
 
 
-MODERN_TASKS_META = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
-                     "io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}}}
+MODERN_TASKS_META = {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities":
+                     {"extensions": {"io.modelcontextprotocol/tasks": {}}}}
 
 
 def test_tasks_over_the_pipes_in_both_revisions_and_their_errors(spawn, stub, token):
@@ -6912,7 +6978,8 @@ const shown = (m) => (m.type === 'error' ? { type: 'error', error: String(m.erro
 try {
   await client.connect(transport, opts);
   out.capabilities = client.getServerCapabilities();
-  out.execution = Object.fromEntries((await client.listTools(undefined, opts)).tools.map((t) => [t.name, t.execution ?? null]));
+  const tools = (await client.listTools(undefined, opts)).tools;
+  out.execution = Object.fromEntries(tools.map((t) => [t.name, t.execution ?? null]));
   for await (const m of client.experimental.tasks.callToolStream(
       { name: 'publish_session', arguments: { transcript: cfg.transcripts[0] } }, undefined, opts)) {
     out.saved.push(shown(m));
@@ -6963,10 +7030,6 @@ def test_interop_typescript_sdk_runs_a_save_as_a_2025_11_25_task(interop_server,
     assert found["stopped"][-1]["type"] == "error" and "cancelled" in found["stopped"][-1]["error"], ctx
     time.sleep(5.5)  # the library answer the cancelled save waited for has come and gone
     assert len(interop_stub.requests("POST /library/push")) == 1, ctx
-
-
-class _TaskHandle(object):
-    """Built lazily (pydantic models need the SDK): see ``_tasks_extension``."""
 
 
 def _tasks_extension(found):
