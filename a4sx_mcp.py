@@ -2700,8 +2700,7 @@ TOOLS = [
             "parent": PUBLISH_PROPERTIES["parent"],
             "idempotency_key": PUBLISH_PROPERTIES["idempotency_key"],
             "save_id": {"type": "string", "pattern": "^[0-9a-f]{32}$",
-                        "description": "Only to get the result of a save that answered status=saving: pass its "
-                                       "save_id alone."},
+                        "description": "A status=saving answer's save_id, alone: waits for that save's result."},
         }),
         "annotations": PUBLISH_ANNOTATIONS,
     },
@@ -3703,10 +3702,9 @@ OUTPUT_SCHEMAS = {
         "data": _ENVELOPED}, ["status", "visibility", "data"]),
 }
 # A save not done within ANSWER_WITHIN_S answers this (``saving_result``): no author text in it.
-OUTPUT_SCHEMAS["publish_session"]["anyOf"].append({
-    "properties": {"status": {"const": "saving"}, "save_id": _TEXT, "stage": _TEXT, "elapsed_s": _COUNT,
-                   "next": _TEXT},
-    "required": ["status", "save_id", "next"]})
+OUTPUT_SCHEMAS["publish_session"]["anyOf"].append({  # beside them: stage (Words), elapsed_s (a count)
+    "properties": {"status": {"const": "saving"}, "save_id": _TEXT, "next": _TEXT}, "required": ["status", "save_id",
+                                                                                                  "next"]})
 OUTPUT_SCHEMAS["publish_local_session"] = OUTPUT_SCHEMAS["publish_session"]
 
 

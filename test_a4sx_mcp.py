@@ -7148,8 +7148,10 @@ def test_initialize_echoes_known_versions_else_latest(spawn, requested, answered
     response = proc.initialize(requested)
     result = response["result"]
     assert result["protocolVersion"] == answered
+    tasks = {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}  # saves run as tasks (2025-11-25 only)
     assert result["capabilities"] == dict({"tools": {}, "resources": {}, "prompts": {}},
-                                          **({"completions": {}} if answered >= "2025-03-26" else {}))
+                                          **({"completions": {}} if answered >= "2025-03-26" else {}),
+                                          **({"tasks": tasks} if answered == "2025-11-25" else {}))
     assert result["serverInfo"]["name"] == "a4sx-mcp" and result["serverInfo"]["version"] == a4sx_mcp.__version__
     assert "never buys" in result["instructions"] and "privately" in result["instructions"]
     assert "resultType" not in result
@@ -7400,7 +7402,8 @@ def test_server_discover(spawn):
     proc = spawn(initialize=None)
     result = proc.request("server/discover", {"_meta": MODERN_META})["result"]
     assert result["supportedVersions"] == [MODERN]
-    assert result["capabilities"] == {"tools": {}, "resources": {}, "prompts": {}, "completions": {}}
+    assert result["capabilities"] == {"tools": {}, "resources": {}, "prompts": {}, "completions": {},
+                                      "extensions": {"io.modelcontextprotocol/tasks": {}}}
     assert result["resultType"] == "complete" and result["cacheScope"] in ("public", "private")
     assert isinstance(result["ttlMs"], int) and result["ttlMs"] >= 0
     assert "never buys" in result["instructions"]
