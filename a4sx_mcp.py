@@ -3403,6 +3403,7 @@ def push_with_retries(ctx, upload, params, headers):
                         idempotency_key=headers["Idempotency-Key"], status=status)
     return collection, body
 
+
 # --- saves in flight: answered within a bound, finished in the background (issue 24) -------------
 
 SAVE_KEEP_S = 3600  # a finished save's result answers save_id calls (and tasks/get) for an hour
