@@ -18,9 +18,10 @@ performance code; each section's banner names the claims below that it carries:
 4. transcripts and the taint rule  (claims 7, 8, 16: ``check_transcript``, ``publish_taint``; the renderer)
 5. local session files             (claims 13, 15: the agents' own transcripts, found and read safely)
 6. the a4sx SDK bridge             (claims 7, 9: the scrub worker, the SDK's records, lazily)
-7. tools                           (claims 7, 10, 15: schemas, validation, handlers, ``publish_checked``)
+7. tools                           (claims 7, 10, 15: schemas, validation, handlers, ``publish_checked``,
+                                    ``Saves``: saves answered in time, finished in the background)
 8. resources, prompts, completions (claim 14: the same handlers, picked by the user; prompt texts)
-9. the MCP dispatcher              (both eras, every request answered once: tested, not a claim)
+9. the MCP dispatcher              (both eras, every request answered once, saves as MCP tasks: tested, not a claim)
 10. the stdio loop and ``main``    (claims 11, 12: ``Writer``, ``serve``, ``--check``, ``--version``)
 11. compatibility                  (what each handshake revision shows: ``has``, ``tools_for``)
 12. performance only               (shortcuts that change no result: skip when auditing)
@@ -214,6 +215,8 @@ ENVIRONMENT = (
     ("A4SX_MCP_ALL_PROJECTS", "1: publish_local_session's session=<id> may name another project's session "
      "(default: this project's only)"),
     ("A4SX_MCP_LOG", "stderr log level: warning (default), info or debug"),
+    ("A4SX_MCP_ANSWER_WITHIN_S", "a save answers within this many seconds, finished or not (default 50; 0: at the "
+     "end)"),
     ("CLAUDE_CONFIG_DIR", "Claude Code's folder (default ~/.claude): its projects/ holds the session files"),
     ("CLAUDE_CODE_SESSION_ID", "the Claude Code session that started this server (stale after /clear)"),
     ("CLAUDE_PROJECT_DIR", "the project Claude Code runs in (default: the working directory)"),
@@ -235,7 +238,8 @@ FILES = (
     ("untrusted.json, lineage/<id>.json", "the a4sx SDK's records (sessions by other authors; what a resumed "
      "session continues); untrusted.json also written, after a tainted save", "library reads and publish"),
     ("saved-sessions.json", "which library entry each local session was saved to, {server: {session: id}}, "
-     "written after each save", "publish_local_session"),
+     "written after each save; and what became of a save the client's signal ended (ended:<save_id>)",
+     "publish_local_session"),
 )
 
 # EVERY other file this process reads: the agents' own session files, for publish_local_session only
@@ -251,6 +255,11 @@ SESSION_FILES = (
 # Read as the a4sx SDK and CLI read them (``a4sx.config.config_dir``), which write the files there:
 # unstripped, so " /x" is not an absolute path to either of us.
 AS_WRITTEN = ("XDG_CONFIG_HOME", "LOCALAPPDATA", "APPDATA")
+
+
+# Every client measured waits 50 s for a tools/call (the TypeScript SDK's default is 60 s; Codex CLI's
+# 300 s; Claude Desktop cancels from 60 s): a save answers within this, finished or not (``Saves``).
+ANSWER_WITHIN_S = 50
 
 
 def environment():
@@ -494,6 +503,7 @@ class Settings:
         self.max_publish_bytes = _int_setting(env, "A4SX_MCP_MAX_PUBLISH_BYTES", 2 * 1024 * 1024, minimum=1)
         self.max_local_bytes = _int_setting(env, "A4SX_MCP_MAX_LOCAL_BYTES", 64 * 1024 * 1024, minimum=1)
         self.upload_timeout_s = _int_setting(env, "A4SX_UPLOAD_TIMEOUT_S", 0)
+        self.answer_within_s = _int_setting(env, "A4SX_MCP_ANSWER_WITHIN_S", ANSWER_WITHIN_S)
         self.session_roots = session_roots(env)
         self.started_at = time.time()
         self.claude_session_id = env["CLAUDE_CODE_SESSION_ID"]
@@ -1485,8 +1495,9 @@ class ToolError(Exception):
 
 
 class Result:
-    """A tool's output: the text copy and the structured copy. Built only by the four builders below
-    (``json_result``, ``context_result``, ``error_result``, ``framed_error``): no handler makes one."""
+    """A tool's output: the text copy and the structured copy. Built only by the five builders below
+    (``json_result``, ``saving_result``, ``context_result``, ``error_result``, ``framed_error``): no
+    handler makes one."""
 
     def __init__(self, text, structured, is_error=False, outcome="ok"):
         self.text, self.structured, self.is_error, self.outcome = text, structured, is_error, outcome
@@ -1497,6 +1508,16 @@ def json_result(result, untrusted, outcome="ok", **framing):
     framed by ``framed_json`` (``framing``: its ``rows``, ``offset``, ``caps`` and ``hint_next``)."""
     text, structured = framed_json(result, untrusted, **framing)
     return Result(text, structured, outcome=outcome)
+
+
+def saving_result(save_id, stage, seconds, wait_s):
+    """A save still running (``Saves``): its id, what it is doing, for how long, and the one next step,
+    all this file's Words (nothing in it was written by an author or the API)."""
+    step = say("Not saved yet (%s; %d s so far). To get the result, call publish_local_session with "
+               "{\"save_id\": \"%s\"}; it waits up to %d s for it.", stage, seconds, plain_name(save_id), wait_s)
+    structured = {"status": "saving", "save_id": plain_name(save_id), "stage": stage, "elapsed_s": int(seconds),
+                  "next": step}
+    return Result(step, structured, outcome="saving")
 
 
 def context_result(body_lines, untrusted, fields):
@@ -1515,8 +1536,9 @@ def error_text(code, message):
 
 
 def rpc_error(msg_id, code, message, data=None):
-    """A JSON-RPC error: ``message`` is this file's Words, and ``data`` an object of counts, Words and
-    lists of Words (``say`` refuses anything else, with TypeError)."""
+    """A JSON-RPC error: ``message`` is this file's Words, and ``data`` an object of counts, Words,
+    lists of Words and objects of these under plain names (``say`` refuses anything else, with
+    TypeError)."""
     error = {"code": code, "message": say("%s", message)}
     if data is not None:
         error["data"] = {plain_name(key): _counts_or_words(value) for key, value in data.items()}
@@ -1526,6 +1548,8 @@ def rpc_error(msg_id, code, message, data=None):
 def _counts_or_words(value):
     if isinstance(value, list):
         return [say("%s", item) for item in value]
+    if isinstance(value, dict):  # e.g. -32021's requiredCapabilities: names of this file, nested
+        return {plain_name(key): _counts_or_words(item) for key, item in value.items()}
     return value if value is None or isinstance(value, int) else say("%s", value)
 
 
@@ -2815,8 +2839,17 @@ def saved_entry(base, key):
     return value if isinstance(value, str) and value else None
 
 
+def ended_save(base, save_id):
+    """What became of a save a server ended while it ran (``Saves.end``), or None: ``{"outcome":
+    "saved" | "failed" | "stopped" | "cut", "session": key, "at": time}`` under ``ended:<save_id>``."""
+    entries = (_record_file(SAVED_SESSIONS_FILE) or {}).get(sdk_module("config").normalize_base_url(base))
+    value = entries.get("ended:" + save_id) if isinstance(entries, dict) else None
+    return value if isinstance(value, dict) and isinstance(value.get("outcome"), str) else None
+
+
 def record_saved(base, key, collection):
-    """Remembers where a local session was saved, so saving it again adds a version there."""
+    """Remembers where a local session was saved, so saving it again adds a version there (and, under
+    ``ended:<save_id>``, what became of a save the process's end stopped: ``Saves.end``)."""
     config = sdk_module("config")
     with _records_lock:
         entries = _writable_record_file(SAVED_SESSIONS_FILE)
@@ -2975,6 +3008,8 @@ TOOLS = [
             "label": PUBLISH_PROPERTIES["label"],
             "parent": PUBLISH_PROPERTIES["parent"],
             "idempotency_key": PUBLISH_PROPERTIES["idempotency_key"],
+            "save_id": {"type": "string", "pattern": "^[0-9a-f]{32}$",
+                        "description": "A status=saving answer's save_id, alone: waits for that save's result."},
         }),
         "annotations": PUBLISH_ANNOTATIONS,
     },
@@ -3168,12 +3203,19 @@ class ToolContext:
         self.settings, self.api, self.server = server.settings, server.api, server
         self.cancel, self.reporter, self.meta = cancel, progress, meta if isinstance(meta, dict) else {}
         self.large = False  # set by a handler that held megabytes: the heap is trimmed afterwards
+        self.save = None  # the save this context runs (``Saves.start``)
 
     def progress(self, message):
         """A progress note: this file's Words (``say`` refuses anything else)."""
         message = say("%s", message)
         if self.reporter is not None:
             self.reporter(message)
+
+    def claim(self, key):
+        """This save is of ``key`` (a session): it joins a save of the same session in flight, if any,
+        and stops here (``Saves.claim``)."""
+        if self.save is not None:
+            self.server.saves.claim(self.save, key)
 
     def holding(self, size):
         """The call holds ``size`` bytes: past LARGE_CALL_BYTES the heap is trimmed afterwards (and
@@ -3520,10 +3562,12 @@ def tool_publish_session(ctx, args):
         raise ToolError("too_large", say("The transcript is %d bytes; publish_session takes at most %d bytes. Save "
                                          "larger sessions with the a4sx CLI: `a4sx push <file>`.", len(data), cap),
                         size=len(data), cap=cap)
-    if "content_sha256" in args and lazy("hashlib").sha256(data).hexdigest() != args["content_sha256"].lower():
+    digest = lazy("hashlib").sha256(data).hexdigest()
+    if "content_sha256" in args and digest != args["content_sha256"].lower():
         raise ToolError("content_sha_mismatch", say("content_sha256 does not match the SHA-256 of the transcript's "
                                                     "UTF-8 bytes: it was changed or cut on the way. Nothing was sent."))
     take_publish_slot(ctx)
+    ctx.claim("sha256:" + digest)
     result = publish_checked(ctx, [data], args)
     return json_result(result, result["untrusted"], "saved",
                        hint_next=UNCHANGED_NEXT if result["deduped"] else SAVED_NEXT)
@@ -3547,6 +3591,7 @@ def tool_publish_local_session(ctx, args):
         raise ToolError("session_unreadable", say("The session file changed after it was found: the bytes read no "
                                                   "longer hold this call. Nothing was sent."))
     key = "%s:%s" % (session.harness, session.id)
+    ctx.claim(key)
     try:
         into = saved_entry(ctx.settings.base, key)
         earlier = [saved_entry(ctx.settings.base, "claude-code:" + parts["earlier"])] if parts["earlier"] else []
@@ -3720,13 +3765,265 @@ def push_with_retries(ctx, upload, params, headers, caller_key, local=False):
     return collection, body
 
 
+# --- saves in flight: answered within a bound, finished in the background (issue 24) -------------
+
+SAVE_KEEP_S = 3600  # a finished save's result answers save_id calls (and tasks/get) for an hour
+SAVES_KEPT = 64  # finished saves kept at most (the oldest are dropped first)
+SAVES_RUNNING = 4  # saves running at once at most
+SAVE_POLL_S = 0.2
+
+
+# What a later server says of a save the process's end stopped (``Saves.end``): the record's outcome.
+ENDED_SAVE = {
+    "saved": say("This save finished as its server was ending: it is in your private library (search_sessions "
+                 "scope=library)."),
+    "failed": say("This save failed as its server was ending. Call publish_local_session again to save."),
+    "stopped": say("This save was stopped when its server was ended, before anything was sent. Call "
+                   "publish_local_session again to save."),
+    "cut": say("This save's upload was cut when its server was ended: it may or may not be stored. Check your "
+               "library (search_sessions scope=library) or call publish_local_session again to save."),
+}
+
+
+class Joined(Cancelled):
+    """This save's session is being saved already: it ends here and its callers wait for that save."""
+
+
+class Save:
+    """One save: an unguessable id (also its task id), its own cancel flag, what it is doing, and its
+    Result once done (None: stopped before anything was sent)."""
+
+    def __init__(self, name):
+        self.id = os.urandom(16).hex()  # 128 bits: a save_id and task id cannot be guessed
+        self.name = name
+        self.cancel = CancelFlag()
+        self.done = threading.Event()
+        self.result = None
+        self.stage = say("starting")
+        self.started = time.monotonic()
+        self.created_at = self.updated_at = time.time()
+        self.finished_at = None
+        self.detached = False  # its first answer went out: a caller's cancel no longer stops it
+        self.joined = None  # the save of the same session it joined
+        self.key = None
+        self.watchers = set()  # the progress reporters of the calls waiting for it
+        self.ttl_s = SAVE_KEEP_S
+        self.task = None  # (kind, version) when it runs as an MCP task: "legacy" (2025-11-25) or "modern"
+        self.task_cancelled = False  # tasks/cancel: the task is cancelled, whatever the save still does
+
+    def current(self):
+        """The save whose result this one's callers get: itself, or the one it joined."""
+        save = self
+        while save.joined is not None:
+            save = save.joined
+        return save
+
+
+class Saves:
+    """The one store of saves: ``publish_session`` and ``publish_local_session`` run each save here on its
+    own thread (not a pool worker: the calls waiting for it hold those), and a call, a ``save_id`` call
+    and a task all wait on the same Save. A save of a session already in flight joins that one."""
+
+    def __init__(self, server):
+        self.server = server
+        self.lock = threading.RLock()  # re-entered when a signal's ``end`` interrupts the main thread's ``find``
+        self.by_id = {}
+        self.by_key = {}
+
+    def start(self, ctx, name, handler, args):
+        """Starts ``handler(ctx', args)`` in the background on a context of the save's own; the Save."""
+        with self.lock:
+            self._expire()
+            running = sum(1 for s in self.by_id.values() if not s.done.is_set())
+            if running >= SAVES_RUNNING:
+                raise ToolError("busy", say("%d saves are running; call again when one is done. Nothing was sent.",
+                                            running))
+            save = Save(name)
+            self.by_id[save.id] = save
+        run_ctx = ToolContext(self.server, save.cancel, lambda message: self._note(save, message), ctx.meta)
+        run_ctx.save = save
+        try:
+            threading.Thread(target=self._run, args=(save, handler, run_ctx, args), name="a4sx-save",
+                             daemon=True).start()
+        except RuntimeError:
+            with self.lock:
+                self.by_id.pop(save.id, None)
+            raise ToolError("busy", say("No thread is left to save with; call again later. Nothing was sent."))
+        return save
+
+    def _run(self, save, handler, ctx, args):
+        started = time.monotonic()
+        try:
+            result = handler(ctx, args)
+        except Cancelled:  # stopped before anything was sent, or joined another save
+            result = None
+        except ToolError as err:
+            result = error_result(err)
+        except Exception as err:  # noqa: BLE001 - never leak a traceback, never die
+            log("warning", "tool=%s internal error (%s)" % (plain_name(save.name), type(err).__name__))
+            result = error_result(ToolError("internal_error", say("internal error")))
+        if ctx.large:
+            release_memory()
+        with self.lock:
+            save.result, save.updated_at, save.finished_at = result, time.time(), time.monotonic()
+            if save.key is not None and self.by_key.get(save.key) is save:
+                del self.by_key[save.key]
+            save.done.set()
+        outcome = "joined" if save.joined else result.outcome if result else "cancelled"
+        log("info", "save of %s outcome=%s ms=%d" % (plain_name(save.name), plain_name(outcome),
+                                                     (time.monotonic() - started) * 1000))
+
+    def claim(self, save, key):
+        with self.lock:
+            other = self.by_key.get(key)
+            if other is not None and other is not save and not other.done.is_set():
+                save.joined = other
+                raise Joined()
+            self.by_key[key] = save
+            save.key = key
+
+    def _note(self, save, message):
+        save.stage, save.updated_at = message, time.time()
+        for watcher in list(save.watchers):
+            watcher(message)
+
+    def find(self, save_id):
+        """The Save of this id (a task id too), or None."""
+        with self.lock:
+            self._expire()
+            return self.by_id.get(save_id) if isinstance(save_id, str) else None
+
+    def tasks(self):
+        with self.lock:
+            self._expire()
+            return [s for s in self.by_id.values() if s.task is not None]
+
+    def get(self, save_id):
+        save = self.find(save_id)
+        if save is None:
+            try:
+                ended = ended_save(self.server.settings.base, save_id)
+            except Exception:  # noqa: BLE001 - no record (or no SDK): unknown
+                ended = None
+            if ended is not None:
+                raise ToolError("save_ended", ENDED_SAVE.get(ended["outcome"], ENDED_SAVE["cut"]))
+            raise ToolError("unknown_save", say("No save with this save_id is known to this server: a result is kept "
+                                                "%d minutes after its save ends, and a restarted server knows none. "
+                                                "Call publish_local_session without save_id to save again.",
+                                                SAVE_KEEP_S // 60))
+        return save
+
+    def _expire(self):
+        """Drops finished saves older than their time to live, and the oldest past SAVES_KEPT."""
+        now = time.monotonic()
+        done = sorted((s for s in self.by_id.values() if s.finished_at is not None), key=lambda s: s.finished_at)
+        for index, save in enumerate(done):
+            if now - save.finished_at > save.ttl_s or index < len(done) - SAVES_KEPT:
+                del self.by_id[save.id]
+
+    def wait(self, save, bound_s, cancel, reporter=None):
+        """Waits until the save is done, ``bound_s`` seconds passed (None: no bound) or ``cancel`` is
+        set; returns the save it ended in (``Save.current``)."""
+        deadline = None if bound_s is None else time.monotonic() + bound_s
+        while True:
+            current = save.current()
+            left = None if deadline is None else deadline - time.monotonic()
+            finished = current.done.is_set() and current.joined is None
+            if finished or cancel.is_set() or (left is not None and left <= 0):
+                return current
+            if reporter is not None:
+                current.watchers.add(reporter)
+            try:
+                current.done.wait(SAVE_POLL_S if left is None else min(SAVE_POLL_S, left))
+            finally:
+                current.watchers.discard(reporter)
+
+    def running(self):
+        with self.lock:
+            return [s for s in self.by_id.values() if not s.done.is_set()]
+
+    def end(self, grace_s):
+        """The client ends the process (Claude Code: SIGINT, Codex CLI: SIGTERM; neither closes stdin
+        first): a save not uploading yet is stopped at once (nothing was sent); one uploading gets
+        ``grace_s`` to finish, then its connection is shut (a cut body is not stored; a whole one may
+        be: the record says so). What became of each is written to the saved-sessions record."""
+        running = self.running()
+        for save in running:
+            if not save.stage.startswith("uploading"):
+                save.cancel.set()
+        deadline = time.monotonic() + grace_s
+        for save in running:
+            save.done.wait(max(0.0, deadline - time.monotonic()))
+        uploading = {save.id for save in running if not save.done.is_set()}
+        for save in running:
+            save.cancel.set()
+            save.done.wait(1.0)
+        for save in running:
+            if save.joined is not None:
+                continue
+            outcome = ("cut" if save.id in uploading else "stopped" if save.result is None
+                       else "failed" if save.result.is_error else "saved")
+            try:
+                record_saved(self.server.settings.base, "ended:" + save.id, {
+                    "outcome": outcome, "session": save.key or "", "at": time.strftime(
+                        "%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+            except Exception:  # noqa: BLE001 - the process ends all the same
+                log("warning", "could not record what became of a save at exit")
+
+
+def answered_in_time(name, handler):
+    """``handler`` run as a save (``Saves``): the call answers within ``answer_within_s`` with the
+    result, or with ``saving`` and the save_id that a ``{"save_id": ...}`` call of publish_local_session
+    waits on. Cancelling the call that started the save stops it while no answer went out."""
+    def tool(ctx, args):
+        saves = ctx.server.saves
+        if "save_id" in args:
+            if set(args) - {"save_id", "session"} or args.get("session") != "current":
+                raise ToolError("invalid_arguments", say("save_id is passed alone. Nothing was sent."))
+            save = saves.get(args["save_id"])
+        else:
+            save = saves.start(ctx, name, handler, args)
+            ctx.cancel.hook(lambda: None if save.detached else save.cancel.set())
+        bound = ctx.settings.answer_within_s or None
+        save = saves.wait(save, bound, ctx.cancel, ctx.reporter)
+        if ctx.cancel.is_set():
+            raise Cancelled()
+        if save.done.is_set():
+            if save.result is None:
+                raise ToolError("save_stopped", say("This save was stopped before anything was sent: the call that "
+                                                    "started it was cancelled, or the server stopped. Call the tool "
+                                                    "again to save."))
+            return save.result
+        save.detached = True  # from here on, only the server's end stops it (``Server.shutdown``)
+        return saving_result(save.id, save.stage, time.monotonic() - save.started, bound)
+    return tool
+
+
+def as_task(name):
+    """A save run as an MCP task (``Server.start_task``): the arguments are checked here, in the save,
+    since the request is answered with the task at once."""
+    schema = TOOLS_BY_NAME[name]["inputSchema"]
+
+    def run(ctx, arguments):
+        args = {} if arguments is None else arguments
+        problem = validate(schema, args, say("arguments"))
+        if problem:
+            raise ToolError("invalid_arguments", say("%s. Nothing was sent.", problem))
+        if "save_id" in args:
+            raise ToolError("invalid_arguments", say("save_id is for a call without a task: a task is its own "
+                                                     "save. Nothing was sent."))
+        return SAVE_HANDLERS[name](ctx, with_defaults(schema, args))
+    return run
+
+
+SAVE_HANDLERS = {"publish_session": tool_publish_session, "publish_local_session": tool_publish_local_session}
 HANDLERS = {
     "search_sessions": tool_search_sessions,
     "get_session_summary": tool_get_session_summary,
     "acquire_session": tool_acquire_session,
     "fetch_session_context": tool_fetch_session_context,
-    "publish_session": tool_publish_session,
-    "publish_local_session": tool_publish_local_session,
+    "publish_session": answered_in_time("publish_session", SAVE_HANDLERS["publish_session"]),
+    "publish_local_session": answered_in_time("publish_local_session", SAVE_HANDLERS["publish_local_session"]),
 }
 
 
@@ -3766,6 +4063,10 @@ OUTPUT_SCHEMAS = {
         "status": {"const": "saved"}, "visibility": {"const": "private"}, "deduped": _FLAG, "next": _TEXT,
         "data": _ENVELOPED}, ["status", "visibility", "data"]),
 }
+# A save not done within ANSWER_WITHIN_S answers this (``saving_result``): no author text in it.
+OUTPUT_SCHEMAS["publish_session"]["anyOf"].append({  # beside them: stage (Words), elapsed_s (a count)
+    "properties": {"status": {"const": "saving"}, "save_id": _TEXT, "next": _TEXT}, "required": ["status", "save_id",
+                                                                                                  "next"]})
 OUTPUT_SCHEMAS["publish_local_session"] = OUTPUT_SCHEMAS["publish_session"]
 
 
@@ -4044,7 +4345,13 @@ TOOLS_TTL_MS = 3600 * 1000
 REMOVED_IN_MODERN = ("initialize", "ping", "logging/setLevel", "resources/subscribe", "resources/unsubscribe")
 FEATURE_METHODS = ("resources/list", "resources/read", "resources/templates/list", "prompts/list", "prompts/get",
                    "completion/complete")
-KNOWN_METHODS = ("initialize", "ping", "server/discover", "tools/list", "tools/call") + FEATURE_METHODS
+TASK_METHODS = ("tasks/get", "tasks/result", "tasks/list", "tasks/cancel", "tasks/update")
+LEGACY_TASK_METHODS = ("tasks/get", "tasks/result", "tasks/list", "tasks/cancel")  # 2025-11-25's experimental tasks
+MODERN_TASK_METHODS = ("tasks/get", "tasks/update", "tasks/cancel")  # the 2026-07-28 extension's
+TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
+RELATED_TASK = "io.modelcontextprotocol/related-task"
+TASK_POLL_MS = 2000  # a save's stage changes every few seconds at most
+KNOWN_METHODS = ("initialize", "ping", "server/discover", "tools/list", "tools/call") + FEATURE_METHODS + TASK_METHODS
 TOOL_FAILURE = 1000  # JSON-RPC code (outside the reserved range) of a resource or prompt whose tool failed
 WEBSITE_URL = "https://session-exchange.com"
 SERVER_DESCRIPTION = ("Find, load and privately save coding-agent sessions from the a4sx library and "
@@ -4182,6 +4489,7 @@ class Server:
         self.pool = Pool(TOOL_WORKERS, spare=TOOL_WORKERS, waiting=lambda: self.api.waiting)
         self.api.on_wait = self.pool.grow
         self.library_cache = LibraryCache()
+        self.saves = Saves(self)
 
     # --- messages ---------------------------------------------------------------------------
 
@@ -4337,6 +4645,8 @@ class Server:
             raise RpcError(-32029, say("Too many requests"), {"retry_after_s": wait})
         if method in FEATURE_METHODS:
             return self.serve_feature(msg_id, method, params, version, reply)
+        if method in TASK_METHODS:
+            return self.serve_task(msg_id, method, params, version, reply)
         if method == "tools/list":
             cursor = params.get("cursor")
             if cursor is not None:
@@ -4456,17 +4766,126 @@ class Server:
     # --- tool calls -------------------------------------------------------------------------
 
     def start_call(self, msg_id, name, params, version, reply):
-        """A tools/call on a worker (``start_job``): the tool's Result as the call's result."""
+        """A tools/call on a worker (``start_job``): the tool's Result as the call's result; a save the
+        client asked to run as a task answers with the task at once (``start_task``)."""
+        kind = self._task_kind(name, params, version)
+        if kind is not None:
+            return self.start_task(msg_id, name, params, version, reply, kind)
+
         def work(ctx):
             result = self.run_tool(name, params.get("arguments"), ctx)
-            if result is None:
-                return None
-            payload = {"content": [{"type": "text", "text": result.text}], "isError": result.is_error}
-            if has(version, "structured tool results"):
-                payload["structuredContent"] = result.structured
-            return payload
+            return None if result is None else self.tool_payload(result, version)
 
         self.start_job(msg_id, work, reply, meta=params.get("_meta"), version=version)
+
+    @staticmethod
+    def tool_payload(result, version):
+        """A tool's Result as a CallToolResult: its two copies (claim 6) and isError."""
+        payload = {"content": [{"type": "text", "text": result.text}], "isError": result.is_error}
+        if has(version, "structured tool results"):
+            payload["structuredContent"] = result.structured
+        return payload
+
+    # --- tasks: a save as an MCP task, 2025-11-25's experimental ones or the 2026-07-28 extension ----
+
+    @staticmethod
+    def _task_kind(name, params, version):
+        """"legacy" when a 2025-11-25 tools/call carries ``task`` (a save only: another tool's task is
+        -32601, as the revision says for taskSupport "forbidden"); "modern" for a save whose 2026-07-28
+        request declares the tasks extension (the server's choice: every save is a task then); else None."""
+        if version in MODERN_VERSIONS:
+            return "modern" if name in SAVE_HANDLERS and declares_tasks(params.get("_meta")) else None
+        if "task" not in params or not has_legacy_tasks(version):
+            return None  # before 2025-11-25 there are no tasks: the parameter is ignored
+        if not isinstance(params["task"], dict):
+            raise RpcError(-32602, say("Invalid params: task must be an object"))
+        if name not in SAVE_HANDLERS:
+            raise RpcError(-32601, say("Method not found: %s does not run as a task", plain_name(name)))
+        return "legacy"
+
+    def start_task(self, msg_id, name, params, version, reply, kind):
+        """Starts the save in the store (``Saves``) and answers with its task: nothing the client does to
+        this request stops it from here on, only tasks/cancel or the process's end."""
+        def work(ctx):
+            try:
+                save = self.saves.start(ctx, name, as_task(name), params.get("arguments"))
+            except ToolError as err:  # too many saves at once: the tool's error, not a task
+                return self.tool_payload(error_result(err), version)
+            save.detached, save.task = True, (kind, version)
+            task = self.task_state(save)
+            return {"task": task} if kind == "legacy" else dict(task, resultType="task")
+
+        self.start_job(msg_id, work, reply, meta=params.get("_meta"), version=version)
+
+    def task_state(self, save, with_result=False):
+        """A save as a Task of its revision: status, this file's stage words, times, TTL and poll
+        interval; ``with_result``: a 2026-07-28 task's result inline once completed."""
+        kind, version = save.task
+        current = save.current()
+        done = current.done.is_set() and current.joined is None
+        if save.task_cancelled or (done and current.result is None):
+            status, message = "cancelled", say("stopped before anything was sent")
+        elif not done:
+            status, message = "working", current.stage
+        elif current.result.is_error:  # 2025-11-25 counts a tool error as failed; the extension, completed
+            status, message = ("failed" if kind == "legacy" else "completed"), say("the save failed")
+        else:
+            status, message = "completed", say("saved")
+        stamp = max(save.updated_at, current.updated_at)
+        task = {"taskId": save.id, "status": status, "statusMessage": message,
+                "createdAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(save.created_at)),
+                "lastUpdatedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(stamp))}
+        if kind == "legacy":
+            task.update(ttl=SAVE_KEEP_S * 1000, pollInterval=TASK_POLL_MS)
+        else:
+            task.update(ttlMs=SAVE_KEEP_S * 1000, pollIntervalMs=TASK_POLL_MS)
+            if with_result and status == "completed":
+                task["result"] = self.tool_payload(current.result, version)
+        return task
+
+    def serve_task(self, msg_id, method, params, version, reply):
+        """tasks/* of the revision in use: 2025-11-25's four, or the extension's three, which need the
+        extension declared on the request (-32021). A task of the other revision is not found."""
+        modern = version in MODERN_VERSIONS
+        if method not in (MODERN_TASK_METHODS if modern else LEGACY_TASK_METHODS if has_legacy_tasks(version) else ()):
+            raise RpcError(-32601, say("Method not found: %s", plain_name(method)))  # one of TASK_METHODS
+        if modern and not declares_tasks(params.get("_meta")):
+            raise RpcError(-32021, say("Missing required client capability"),
+                           {"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}})
+        if method == "tasks/list":
+            if params.get("cursor") is not None:
+                raise RpcError(-32602, say("Invalid params: unknown cursor (the task list has one page)"))
+            listed = [self.task_state(s) for s in self.saves.tasks() if s.task[0] == "legacy"]
+            return reply({"jsonrpc": "2.0", "id": msg_id, "result": {"tasks": listed}})
+        save = self.saves.find(params.get("taskId"))
+        if save is None or save.task is None or (save.task[0] == "modern") != modern:
+            raise RpcError(-32602, say("Failed to retrieve task: Task not found"))
+        if method == "tasks/get":
+            return reply({"jsonrpc": "2.0", "id": msg_id, "result": self.task_state(save, with_result=True)})
+        if method == "tasks/update":
+            if params.get("inputResponses"):
+                raise RpcError(-32602, say("Invalid params: the task has no outstanding input requests"))
+            return reply({"jsonrpc": "2.0", "id": msg_id, "result": {}})
+        if method == "tasks/cancel":
+            status = self.task_state(save)["status"]
+            if status != "working" and not modern:
+                raise RpcError(-32602, say("Cannot cancel task: already in terminal status %s", plain_name(status)))
+            if status == "working":
+                save.task_cancelled = True
+                save.current().cancel.set()
+            return reply({"jsonrpc": "2.0", "id": msg_id, "result": {} if modern else self.task_state(save)})
+
+        def work(ctx):  # tasks/result: waits for the end (2025-11-25), cancellable like a call
+            current = self.saves.wait(save, None, ctx.cancel)
+            if ctx.cancel.is_set():
+                return None
+            result = current.result if current.result is not None and not save.task_cancelled else error_result(
+                ToolError("save_stopped", say("The task was cancelled before anything was sent.")))
+            payload = self.tool_payload(result, version)
+            payload["_meta"] = {RELATED_TASK: {"taskId": save.id}}
+            return payload
+
+        self.start_job(msg_id, work, reply, version=version)
 
     def _progress_reporter(self, state, token, version):
         def progress(message):
@@ -4506,8 +4925,13 @@ class Server:
         return result
 
     def shutdown(self, grace):
-        """stdin closed: let running calls finish (up to ``grace`` seconds), stop the scrub worker."""
+        """stdin closed: let running calls and saves finish (up to ``grace`` seconds), stop the scrub
+        worker."""
+        deadline = time.monotonic() + grace
         self.pool.wait_idle(grace)
+        for save in self.saves.running():
+            save.done.wait(max(0.0, deadline - time.monotonic()))
+        self.saves.end(0)
         SCRUB_WORKER.stop()
 
 
@@ -4519,6 +4943,10 @@ class Server:
 # become \u00XX); anything longer is answered with an error and skipped without being kept whole.
 MAX_LINE_BYTES = 16 * 1024 * 1024
 SHUTDOWN_GRACE_S = 30
+# An upload in flight when the client ends the process gets this long to finish: the clients send
+# SIGKILL soon after their signal (the TypeScript SDK 2 s after SIGTERM), and an upload cut short is
+# not stored, so waiting longer would only risk being killed mid-record.
+SIGNAL_GRACE_S = 1.5
 _LEADING_ID = re.compile(rb'^\s*\{(?:\s*"(?:jsonrpc|method)"\s*:\s*"[^"\\]{0,100}"\s*,)*\s*"id"\s*:\s*'
                          rb'(-?\d{1,18}|"[^"\\]{0,200}")')
 
@@ -4578,7 +5006,7 @@ def serve(settings):
     sys.stdout = sys.stderr  # anything a library prints goes to stderr, never into the protocol
     writer = Writer(protocol_out)
     server = Server(settings, writer)
-    _exit_on_sigterm(writer)
+    _exit_on_sigterm(writer, server)
     for line, oversized in read_lines(sys.stdin.buffer, MAX_LINE_BYTES):
         if oversized is not None:
             writer(rpc_error(oversized_id(oversized), -32600,
@@ -4593,19 +5021,23 @@ def serve(settings):
     return 0
 
 
-def _exit_on_sigterm(writer):
-    """SIGTERM is how MCP clients end a server that did not exit on stdin EOF: exit 0 promptly, once
-    a line being written by a worker thread is done (waiting at most 2 s; a line the main thread was
-    writing itself, or one blocked that long on a full pipe, can be cut)."""
+def _exit_on_sigterm(writer, server=None):
+    """SIGTERM (Codex CLI) and SIGINT (Claude Code) are how MCP clients end a server, without closing
+    stdin first: saves in flight end as ``Saves.end`` says (within SIGNAL_GRACE_S), then exit 0
+    promptly, once a line being written by a worker thread is done (waiting at most 2 s; a line the
+    main thread was writing itself, or one blocked that long on a full pipe, can be cut)."""
     def stop(signum, frame):
+        if server is not None:
+            server.saves.end(SIGNAL_GRACE_S)
         SCRUB_WORKER.stop()
         writer.lock.acquire(timeout=2)
         os._exit(0)
 
-    try:
-        signal.signal(signal.SIGTERM, stop)
-    except (ValueError, OSError):
-        pass  # not the main thread, or a platform without it
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        try:
+            signal.signal(signum, stop)
+        except (ValueError, OSError):
+            pass  # not the main thread, or a platform without it
 
 
 def sign_in_status(settings):
@@ -4797,13 +5229,25 @@ def main(argv=None):
 SINCE = {
     "tool annotations": "2025-03-26", "the completions capability": "2025-03-26", "progress messages": "2025-03-26",
     "titles": "2025-06-18", "structured tool results": "2025-06-18", "annotations on resources": "2025-06-18",
-    "server descriptions and icons": "2025-11-25",
+    "server descriptions and icons": "2025-11-25", "experimental tasks": "2025-11-25",
 }
 
 
 def has(version, feature):
     """True when the revision ``version`` (a date string: they sort in time) has ``feature``."""
     return version >= SINCE[feature]
+
+
+def has_legacy_tasks(version):
+    """2025-11-25's experimental tasks: in that revision only (2026-07-28 moved them to an extension)."""
+    return version not in MODERN_VERSIONS and has(version, "experimental tasks")
+
+
+def declares_tasks(meta):
+    """Whether a 2026-07-28 request's client capabilities declare the tasks extension."""
+    caps = meta.get(META_CAPABILITIES) if isinstance(meta, dict) else None
+    extensions = caps.get("extensions") if isinstance(caps, dict) else None
+    return isinstance(extensions, dict) and isinstance(extensions.get(TASKS_EXTENSION), dict)
 
 
 def server_info(version, full=False):
@@ -4822,6 +5266,10 @@ def capabilities(version):
     caps = {"tools": {}, "resources": {}, "prompts": {}}
     if has(version, "the completions capability"):
         caps["completions"] = {}
+    if has_legacy_tasks(version):  # saves run as tasks (``Server.start_task``)
+        caps["tasks"] = {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
+    if version in MODERN_VERSIONS:
+        caps["extensions"] = {TASKS_EXTENSION: {}}
     return caps
 
 
@@ -4838,6 +5286,8 @@ def tools_for(version):
             shown["outputSchema"] = OUTPUT_SCHEMAS[tool["name"]]
             if tool["name"] in CLIENT_META:
                 shown["_meta"] = CLIENT_META[tool["name"]]
+        if has_legacy_tasks(version) and tool["name"] in SAVE_HANDLERS:
+            shown["execution"] = {"taskSupport": "optional"}
         out.append(shown)
     return out
 

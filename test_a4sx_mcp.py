@@ -301,7 +301,9 @@ def check_output_schema(tool, structured, is_error=False):
         _OUTPUT_VALIDATORS[tool] = jsonschema.Draft202012Validator(schema)
     error = jsonschema.exceptions.best_match(_OUTPUT_VALIDATORS[tool].iter_errors(structured))
     assert error is None, "%s structuredContent does not match its outputSchema: %s" % (tool, error.message[:300])
-    if not is_error:
+    if not is_error and structured.get("status") == "saving":  # a save not done yet: this file's words only
+        assert set(structured) == {"status", "save_id", "stage", "elapsed_s", "next"}, sorted(structured)
+    elif not is_error:
         assert SERVER_FIELDS_OF[tool] <= set(structured), (tool, sorted(structured))
 
 
@@ -1540,8 +1542,8 @@ REVIEW_SEARCHES = {
                                                   "Api._checkout", "_shut", "_network_reason", "warm_network"}),
         (r"api\.send\(", {"ToolContext.send", "run_check"})],
     5: [(r"_exchange\(|_read_body\(", {"Api.send", "Api._exchange", "_read_body"})],
-    6: [(r"Result\(", {"json_result", "context_result", "error_result", "framed_error"}),
-        (r'"text": ', {"get_prompt", "Server.serve_feature", "Server.start_call"}),
+    6: [(r"Result\(", {"json_result", "saving_result", "context_result", "error_result", "framed_error"}),
+        (r'"text": ', {"get_prompt", "Server.serve_feature", "Server.tool_payload"}),
         (r"\benvelope\(|fenced\(", {"fenced", "envelope", "_frame", "render_context", "context_result"}),
         (r"context_result\(", {"context_result", "tool_fetch_session_context"})],
     7: [(r"publish_checked\(", {"publish_checked", "tool_publish_session", "tool_publish_local_session"}),
@@ -5771,6 +5773,128 @@ def test_local_session_cancel_mid_scrub_sends_nothing_and_progress_keeps_coming(
     assert stub.pushes == [] and stub.requests() == []
 
 
+# --- a save answers within A4SX_MCP_ANSWER_WITHIN_S and finishes in the background (issue 24) ----
+
+
+def saving_call(proc, name, arguments, msg_id=None, timeout=30):
+    """A publish call's result: ``(structured, text)``, the schema and copy checks passed; ``saving``
+    results are this file's words (no envelope)."""
+    response = proc.request("tools/call", {"name": name, "arguments": arguments}, msg_id=msg_id, timeout=timeout)
+    result = response["result"]
+    check_output_schema(name, result["structuredContent"], result["isError"])
+    structured = result["structuredContent"]
+    if structured.get("status") == "saving":
+        assert result["content"][0]["text"] == structured["next"] and not result["isError"]
+        return structured, structured["next"]
+    assert_copies_agree(result)
+    return unframe(structured, result["isError"]), result["content"][0]["text"]
+
+
+def finish_save(proc, save_id, limit=30):
+    """Calls publish_local_session with ``save_id`` until it answers something else than saving."""
+    for _ in range(limit):
+        answer, text = saving_call(proc, "publish_local_session", {"save_id": save_id})
+        if answer.get("status") != "saving":
+            return answer, text
+        assert answer["save_id"] == save_id
+    raise AssertionError("still saving after %d calls" % limit)
+
+
+def test_a_save_longer_than_the_bound_answers_saving_and_finishes_through_save_id(spawn, stub, token, env):
+    """A save whose upload outlasts A4SX_MCP_ANSWER_WITHIN_S answers status=saving in time, with an
+    unguessable save_id and the one instruction; publish_local_session with that save_id waits and
+    answers saving again or the saved result, the same on every later call, with exactly one upload.
+    A save of the same session in flight is joined (same save_id), for both tools."""
+    proc = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "1"})
+    stub.queue("POST /library/push", None, delay=4)  # the normal answer, 4 s late
+    transcript = cc_transcript("slow-1")
+    first, text = saving_call(proc, "publish_session", {"transcript": transcript})
+    assert first["status"] == "saving" and re.fullmatch("[0-9a-f]{32}", first["save_id"]), first
+    assert 'call publish_local_session with {"save_id": "%s"}' % first["save_id"] in text, text
+    assert first["stage"].startswith("uploading ") or first["stage"].startswith("scrubbing "), first
+    joined, _ = saving_call(proc, "publish_session", {"transcript": transcript})  # the same bytes: joined
+    assert joined["status"] == "saving" and joined["save_id"] == first["save_id"], joined
+    saved, _ = finish_save(proc, first["save_id"])
+    assert saved["status"] == "saved" and saved["library_id"] == stub.pushes[0]["collection"], saved
+    again, _ = saving_call(proc, "publish_local_session", {"save_id": first["save_id"]})
+    assert again["library_id"] == saved["library_id"] and again["version"] == saved["version"]
+    assert len(stub.pushes) == 1 and len(stub.requests("POST /library/push")) == 1
+    # publish_local_session: the same session asked twice while in flight is one save, one upload
+    sid, _ = claude_session(env, [claude_record("user", "save me slowly")])
+    stub.queue("POST /library/push", None, delay=4)
+    local, _ = saving_call(proc, "publish_local_session", {"session": sid})
+    second, _ = saving_call(proc, "publish_local_session", {"session": sid, "title": "again"})
+    assert local["status"] == second["status"] == "saving" and second["save_id"] == local["save_id"]
+    done, _ = finish_save(proc, local["save_id"])
+    assert done["status"] == "saved" and done["local_session"]["id"] == sid and len(stub.pushes) == 2
+    unknown, text = saving_call(proc, "publish_local_session", {"save_id": "0" * 32})
+    assert unknown["error"] == "unknown_save" and len(stub.pushes) == 2, text
+    alone, _ = saving_call(proc, "publish_local_session", {"save_id": first["save_id"], "title": "x"})
+    assert alone["error"] == "invalid_arguments", alone
+
+
+def test_cancelling_the_first_call_stops_the_save_but_a_status_call_does_not(spawn, stub, token, env):
+    """The call that started a save and got no answer yet owns it: its cancel stops the save with
+    nothing sent. Once it answered saving, cancelling a save_id call only ends that call's wait."""
+    proc = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "30"})
+    stub.queue("POST /library/ensure", None, delay=3)
+    proc.send({"jsonrpc": "2.0", "id": 51, "method": "tools/call", "params": {
+        "name": "publish_session", "arguments": {"transcript": cc_transcript("cancel-1")}}})
+    wait_until(lambda: stub.requests("POST /library/ensure"))
+    proc.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 51}})
+    time.sleep(4)
+    proc.request("tools/list")
+    assert not [m for m in proc.notes if m.get("id") == 51], proc.notes
+    assert stub.pushes == [] and stub.requests("POST /library/push") == []
+    slow = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "1"})
+    stub.queue("POST /library/push", None, delay=4)
+    first, _ = saving_call(slow, "publish_session", {"transcript": cc_transcript("cancel-2")})
+    assert first["status"] == "saving"
+    slow.send({"jsonrpc": "2.0", "id": 52, "method": "tools/call", "params": {
+        "name": "publish_local_session", "arguments": {"save_id": first["save_id"]}}})
+    slow.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 52}})
+    saved, _ = finish_save(slow, first["save_id"])
+    assert saved["status"] == "saved" and len(stub.pushes) == 1
+    assert not [m for m in slow.notes if m.get("id") == 52], slow.notes
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_client_s_signal_stops_a_scrubbing_save_and_lets_an_upload_finish_and_says_so_later(
+        spawn, stub, token, env, signum):
+    """Claude Code ends its servers with SIGINT, Codex CLI with SIGTERM, neither closing stdin first: a
+    save still scrubbing stops at once with nothing sent, an upload in flight gets SIGNAL_GRACE_S to
+    finish (else it is cut), the process exits 0, and a later server tells the save_id's caller what
+    became of it (the saved-sessions record)."""
+    turns = [claude_record("user" if i % 2 else "assistant", "line %d of a long session %s" % (i, "w " * 400))
+             for i in range(8000)]  # ~7 MiB: seconds of scrubbing
+    sid, _ = claude_session(env, turns)
+    proc = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "1"})
+    scrubbing, _ = saving_call(proc, "publish_local_session", {"session": sid})
+    assert scrubbing["status"] == "saving" and scrubbing["stage"].startswith("scrubbing"), scrubbing
+    proc.proc.send_signal(signum)
+    assert proc.proc.wait(10) == 0
+    time.sleep(0.5)
+    assert stub.requests("POST /library/push") == []
+    record = json.loads((env["cfg"] / "saved-sessions.json").read_text())[stub.base]
+    assert record["ended:" + scrubbing["save_id"]]["outcome"] == "stopped"
+    assert record["ended:" + scrubbing["save_id"]]["session"] == "claude-code:" + sid
+    later = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "1"})
+    told, text = saving_call(later, "publish_local_session", {"save_id": scrubbing["save_id"]})
+    assert told["error"] == "save_ended" and "before anything was sent" in text, text
+    # uploading: a push answered within the grace is finished and recorded as saved; a slow one is cut
+    for pushes, (delay, outcome) in enumerate(((a4sx_mcp.SIGNAL_GRACE_S / 2, "saved"), (20, "cut")), 1):
+        stub.queue("POST /library/push", None, delay=delay)
+        later.send({"jsonrpc": "2.0", "id": 60, "method": "tools/call", "params": {
+            "name": "publish_session", "arguments": {"transcript": cc_transcript("end-%d" % pushes)}}})
+        wait_until(lambda: len(stub.requests("POST /library/push")) == pushes)  # the upload is on its way
+        later.proc.send_signal(signum)
+        assert later.proc.wait(10) == 0
+        record = json.loads((env["cfg"] / "saved-sessions.json").read_text())[stub.base]
+        ended = [v for k, v in record.items() if k.startswith("ended:") and v["session"].startswith("sha256:")]
+        assert sorted(v["outcome"] for v in ended) == sorted(["saved", "cut"][:pushes]), record
+        later = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "1"})
+
+
 def test_local_session_that_loaded_another_authors_session_is_saved_untrusted(spawn, stub, token, env):
     """A fetched session framed as another author's, as Claude Code stores the tool result in its
     transcript, makes the saved session untrusted (and marked so on this machine)."""
@@ -6315,6 +6439,71 @@ def test_codex_saves_its_own_session(env, stub, token, spawn, tmp_path, case):
               case, json.loads(package.read_text()).get("version") if package.exists() else "?", len(final),
               len(lines), len(body), body.count(b"\n"), seconds if seconds is not None else float("nan"), elapsed,
               trap.hits))
+
+
+class SaveIdFollower(FakeResponsesApi):
+    """The scripted model follows a ``saving`` answer's one instruction: while the last output of a
+    publish_local_session call says "Not saved yet", it calls publish_local_session with that
+    save_id (at most 20 times)."""
+
+    SAVE_ID = re.compile(r'save_id[\\"]*: *[\\"]*([0-9a-f]{32})')
+
+    def _turn(self, body, entry):
+        if self.handed and len(self.handed) == len(self.calls) and len(self.calls) < 20:
+            last = [i for i in body.get("input") or [] if isinstance(i, dict)
+                    and i.get("type") == "function_call_output" and i.get("call_id") == self.handed[-1][1]]
+            text = json.dumps(last[0].get("output")) if last else ""
+            found = self.SAVE_ID.search(text)
+            if found and "Not saved yet" in text:
+                self.calls.append(("publish_local_session", {"save_id": found.group(1)}))
+        return super()._turn(body, entry)
+
+
+def test_codex_saves_a_session_slower_than_its_tool_timeout_through_save_id_calls(env, stub, token, tmp_path):
+    """Codex CLI with tool_timeout_sec (2 s) below the save's time (an upload answered after 6 s): the
+    first call answers saving within the bound, the scripted model follows the instruction with
+    save_id calls, and the last one answers saved: one upload, no call timed out."""
+    if not CODEX_BIN.exists():
+        _interop_missing("%s not found (npm install @openai/codex@0.169.0)" % CODEX_BIN)
+    stub_server.seed_demo(stub)
+    stub.queue("POST /library/push", None, delay=6)
+    home, work = tmp_path / "codex-home", tmp_path / "codex-work"
+    codex_home = home / ".codex"
+    for folder in (home, codex_home, work):
+        folder.mkdir()
+    srv = _InteropServer(tmp_path, stub.base)
+    srv.env.update(HOME=str(home), A4SX_CONFIG_DIR=str(env["cfg"]), A4SX_MCP_ANSWER_WITHIN_S="1")
+    api, trap = SaveIdFollower([("publish_local_session", {})]), ProxyTrap()
+    cmd = [str(CODEX_BIN), "exec", "--skip-git-repo-check", "--json", "-C", str(work), "-m", "gpt-5.5",
+           "-c", "model_provider=fake", "-c", api.provider(),
+           "-c", "mcp_servers.a4sx.command=" + _toml(srv.command),
+           "-c", "mcp_servers.a4sx.args=" + _toml(srv.args),
+           "-c", "mcp_servers.a4sx.env=" + _toml(srv.env),
+           "-c", "mcp_servers.a4sx.tool_timeout_sec=2",
+           "Save this session with a4sx."]
+    environ = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "CODEX_HOME": str(codex_home),
+               "TERM": "dumb", "LANG": "C.UTF-8", "OPENAI_API_KEY": "e2e-dummy-" + uuid.uuid4().hex,
+               "HTTPS_PROXY": trap.url, "HTTP_PROXY": trap.url, "ALL_PROXY": trap.url,
+               "https_proxy": trap.url, "http_proxy": trap.url, "all_proxy": trap.url,
+               "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
+    rc, out, err, elapsed = run_agent_cli(cmd, work, environ, (api, trap), CODEX_TIMEOUT_S)
+
+    def ctx():
+        return "\ncodex rc=%s in %.1fs\nstdout=%s\nstderr=%s%s%s" % (
+            rc, elapsed, (out or "")[-3000:], (err or "")[-3000:], api.diag(), srv.diag())
+
+    assert all(CODEX_TRAP_ALLOWED.match(hit) for hit in trap.hits), trap.hits
+    assert rc == 0, "codex failed" + ctx()
+    _, wire = _cc_wire(srv)
+    assert len(wire) >= 3 and [name for name, _ in wire] == ["publish_local_session"] * len(wire), ctx()
+    first, last = wire[0][1], wire[-1][1]
+    assert first["structuredContent"]["status"] == "saving" and first["isError"] is False, ctx()
+    assert [args for _, args in api.calls[1:]] == [{"save_id": first["structuredContent"]["save_id"]}] * (
+        len(wire) - 1), ctx()
+    assert last["isError"] is False and unframe(last["structuredContent"])["status"] == "saved", ctx()
+    assert "timed out" not in json.dumps([api.outputs[cid] for _, cid in api.handed]), ctx()
+    assert len(stub.pushes) == 1, ctx()
+    print("codex e2e slow save: %d calls, codex run %.1fs" % (len(wire), elapsed))
 
 
 # =============================================================================================
@@ -6966,7 +7155,9 @@ def test_capabilities_and_server_metadata_per_revision(spawn, version):
         result = proc.initialize(version)["result"]
         info = result["serverInfo"]
     caps = result["capabilities"]
-    assert set(caps) == {"tools", "resources", "prompts"} | ({"completions"} if version >= "2025-03-26" else set())
+    tasks = {"extensions"} if version == MODERN else {"tasks"} if version == "2025-11-25" else set()  # saves as tasks
+    completions = {"completions"} if version >= "2025-03-26" else set()
+    assert set(caps) == {"tools", "resources", "prompts"} | completions | tasks
     assert caps["resources"] == {} and caps["prompts"] == {}  # no subscribe, no listChanged
     if version >= "2025-11-25":
         assert info["websiteUrl"] == "https://session-exchange.com" and "sessions" in info["description"]
@@ -7436,6 +7627,209 @@ def test_interop_typescript_sdk_resources_prompts_completions(interop_server, in
     _interop_features_check(found, interop_server)
 
 
+MODERN_TASKS_META = {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities":
+                     {"extensions": {"io.modelcontextprotocol/tasks": {}}}}
+
+
+def test_tasks_over_the_pipes_in_both_revisions_and_their_errors(spawn, stub, token):
+    """One store serves a call, a save_id call and both task protocols: a 2026-07-28 save is a task
+    only when its request declares the extension (tasks/get inlines the result; tasks/update and
+    tasks/cancel answer; -32021 without the extension), a 2025-11-25 task of a tool that is not a save
+    is -32601, an unknown task -32602, and revisions before 2025-11-25 show and take no tasks."""
+    proc = spawn()
+    modern = MODERN_TASKS_META
+    plain = dict(modern, **{"io.modelcontextprotocol/clientCapabilities": {}})
+    discover = proc.request("server/discover", {"_meta": plain})["result"]
+    assert discover["capabilities"]["extensions"] == {"io.modelcontextprotocol/tasks": {}}
+    assert "tasks" not in discover["capabilities"]
+    listed = proc.request("tools/list", {"_meta": plain})["result"]["tools"]
+    assert not any("execution" in tool for tool in listed)  # 2026-07-28 has no execution field
+    stub.queue("POST /library/push", None, delay=2)
+    created = proc.request("tools/call", {"name": "publish_session", "_meta": modern,
+                                          "arguments": {"transcript": cc_transcript("task-pipe-1")}})["result"]
+    assert created["resultType"] == "task" and created["status"] == "working", created
+    assert set(created) >= {"taskId", "createdAt", "lastUpdatedAt", "ttlMs", "pollIntervalMs"}
+    task_id = created["taskId"]
+    refused = proc.request("tasks/get", {"taskId": task_id, "_meta": plain})["error"]
+    assert refused["code"] == -32021 and refused["data"] == {
+        "requiredCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}}}, refused
+    assert proc.request("tasks/update", {"taskId": task_id, "inputResponses": {}, "_meta": modern})["result"][
+        "resultType"] == "complete"
+    assert proc.request("tasks/result", {"taskId": task_id, "_meta": modern})["error"]["code"] == -32601
+    got = {}
+    for _ in range(50):
+        got = proc.request("tasks/get", {"taskId": task_id, "_meta": modern})["result"]
+        if got["status"] != "working":
+            break
+        time.sleep(0.2)
+    assert got["status"] == "completed" and got["resultType"] == "complete", got
+    assert unframe(got["result"]["structuredContent"])["status"] == "saved" and len(stub.pushes) == 1
+    # without the extension declared the same save answers as a call does (here: saved at once)
+    direct = proc.request("tools/call", {"name": "publish_session", "_meta": plain,
+                                         "arguments": {"transcript": cc_transcript("task-pipe-2")}})["result"]
+    assert "taskId" not in direct and direct["resultType"] == "complete" and direct["isError"] is False
+    # cancelling a working 2026 task: acknowledged, cancelled, nothing sent
+    stub.queue("GET /library/sessions", None, delay=3)
+    slow = proc.request("tools/call", {"name": "publish_session", "_meta": modern, "arguments": {
+        "transcript": cc_transcript("task-pipe-3"), "label": "slow"}})["result"]
+    assert proc.request("tasks/cancel", {"taskId": slow["taskId"], "_meta": modern})["result"] == {
+        "resultType": "complete", "_meta": {"io.modelcontextprotocol/serverInfo": a4sx_mcp.server_info("2026-07-28")}}
+    assert proc.request("tasks/get", {"taskId": slow["taskId"], "_meta": modern})["result"]["status"] == "cancelled"
+    assert proc.request("tasks/get", {"taskId": "0" * 32, "_meta": modern})["error"]["code"] == -32602
+    # 2025-11-25: a task of another tool is -32601; the 2026 task is not one of this revision's
+    search = proc.request("tools/call", {"name": "search_sessions", "arguments": {"query": "x"}, "task": {}})
+    assert search["error"]["code"] == -32601, search
+    assert proc.request("tasks/get", {"taskId": task_id})["error"]["code"] == -32602
+    assert proc.request("tasks/list", {})["result"] == {"tasks": []}
+    time.sleep(3.5)
+    assert len(stub.pushes) == 2  # the cancelled one sent nothing
+    older = spawn(initialize="2025-06-18")
+    caps = older.request("initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
+                                        "clientInfo": {"name": "t", "version": "0"}})["result"]["capabilities"]
+    assert "tasks" not in caps and older.request("tasks/list", {})["error"]["code"] == -32601
+    assert not any("execution" in t for t in older.request("tools/list")["result"]["tools"])
+
+
+_INTEROP_TS_TASKS = r"""
+import { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
+
+const cfg = JSON.parse(process.argv[2]);
+const opts = { timeout: cfg.timeoutMs };
+const out = { client: 'typescript-tasks', saved: [], stopped: [] };
+const transport = new StdioClientTransport({ command: cfg.command, args: cfg.args, env: cfg.env, stderr: 'inherit' });
+const client = new Client({ name: 'a4sx-interop-ts', version: '0.0.0' }, { capabilities: {} });
+const shown = (m) => (m.type === 'error' ? { type: 'error', error: String(m.error) }
+                      : m.type === 'result' ? { type: 'result', result: m.result } : { type: m.type, task: m.task });
+try {
+  await client.connect(transport, opts);
+  out.capabilities = client.getServerCapabilities();
+  const tools = (await client.listTools(undefined, opts)).tools;
+  out.execution = Object.fromEntries(tools.map((t) => [t.name, t.execution ?? null]));
+  for await (const m of client.experimental.tasks.callToolStream(
+      { name: 'publish_session', arguments: { transcript: cfg.transcripts[0] } }, undefined, opts)) {
+    out.saved.push(shown(m));
+  }
+  out.listed = (await client.experimental.tasks.listTasks(undefined, opts)).tasks.map((t) => [t.taskId, t.status]);
+  for await (const m of client.experimental.tasks.callToolStream(
+      { name: 'publish_session', arguments: { transcript: cfg.transcripts[1], label: 'slow' } }, undefined, opts)) {
+    out.stopped.push(shown(m));
+    if (m.type === 'taskCreated') {
+      out.cancelled = await client.experimental.tasks.cancelTask(m.task.taskId, opts);
+    }
+  }
+} catch (e) {
+  out.error = String((e && e.stack) || e);
+} finally {
+  try { await client.close(); } catch (e) { out.close = String(e); }
+}
+process.stdout.write(JSON.stringify(out) + '\n', () => process.exit(0));
+"""
+
+
+def test_interop_typescript_sdk_runs_a_save_as_a_2025_11_25_task(interop_server, interop_stub, tmp_path):
+    """TypeScript SDK 1.32's experimental task client (callToolStream, listTasks, cancelTask) against
+    the 2025-11-25 tasks: the tasks capability and publish's taskSupport, a save answered with its
+    task at once and polled to its result (one upload), and a cancelled task that sent nothing."""
+    _interop_library(interop_server, interop_stub)
+    interop_stub.queue("POST /library/push", None, delay=3)  # still working when first polled
+    interop_stub.queue("GET /library/sessions", None, delay=5)  # the labelled save waits here: cancelled
+    transcripts = [cc_transcript("task-ts-1"), cc_transcript("task-ts-2")]
+    source = _INTEROP_TS_TASKS.replace("cfg.transcripts", json.dumps(transcripts))
+    found = _run_node_script(interop_server, tmp_path, source)
+    ctx = json.dumps(found, indent=1)[:6000] + interop_server.diag()
+    assert "error" not in found, ctx
+    assert found["capabilities"]["tasks"] == {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}, ctx
+    assert found["execution"]["publish_session"] == {"taskSupport": "optional"}, ctx
+    assert found["execution"]["search_sessions"] is None, ctx
+    kinds = [m["type"] for m in found["saved"]]
+    assert kinds[0] == "taskCreated" and "taskStatus" in kinds and kinds[-1] == "result", ctx
+    assert [m["task"]["status"] for m in found["saved"] if m["type"] == "taskStatus"][0] == "working", ctx
+    result = found["saved"][-1]["result"]
+    saved = unframe(result["structuredContent"])
+    assert result["isError"] is False and saved["status"] == "saved", ctx
+    pushes = interop_stub.requests("POST /library/push")
+    assert len(pushes) == 1 and saved["library_id"] == interop_stub.pushes[0]["collection"], ctx
+    task_id = found["saved"][0]["task"]["taskId"]
+    assert [task_id, "completed"] in found["listed"], ctx
+    assert found["cancelled"]["status"] == "cancelled", ctx
+    assert found["stopped"][-1]["type"] == "error" and "cancelled" in found["stopped"][-1]["error"], ctx
+    time.sleep(5.5)  # the library answer the cancelled save waited for has come and gone
+    assert len(interop_stub.requests("POST /library/push")) == 1, ctx
+
+
+def _tasks_extension(found):
+    """The 2026-07-28 tasks extension as a client extension of the official Python SDK: a result claim
+    for resultType "task" whose resolver polls tasks/get (honouring pollIntervalMs) until the task is
+    terminal, and returns the result inlined in the completed task."""
+    from typing import Literal, Optional
+
+    import anyio
+    import mcp_types
+    from mcp.client.extension import ClientExtension, ResultClaim
+    from pydantic import TypeAdapter
+
+    class TaskHandle(mcp_types.Result):
+        result_type: Literal["task"]
+        task_id: str
+        status: str
+        poll_interval_ms: Optional[int] = None
+
+    async def resolve(handle, ctx):
+        found.setdefault("handles", []).append(handle.model_dump(by_alias=True, mode="json"))
+        while True:
+            got = await ctx.session.send_request(
+                mcp_types.GetTaskRequest(params=mcp_types.GetTaskRequestParams(task_id=handle.task_id)),
+                TypeAdapter(dict))
+            found.setdefault("polled", []).append({k: v for k, v in got.items() if k != "result"})
+            if got["status"] != "working":
+                return mcp_types.CallToolResult.model_validate(got["result"])
+            await anyio.sleep(got.get("pollIntervalMs", 1000) / 1000)
+
+    class Tasks(ClientExtension):
+        identifier = "io.modelcontextprotocol/tasks"
+
+        def claims(self):
+            return [ResultClaim(result_type="task", model=TaskHandle, resolve=resolve)]
+
+    return Tasks()
+
+
+async def _interop_python_tasks(srv, mode):
+    import mcp
+    from mcp.client.stdio import stdio_client
+
+    found = {"client": "python-" + mode}
+    params = mcp.StdioServerParameters(command=srv.command, args=srv.args, env=srv.env)
+    with open(srv.dir / "launcher.stderr", "w") as errlog:
+        client = mcp.Client(stdio_client(params, errlog=errlog), mode=mode, extensions=[_tasks_extension(found)],
+                            read_timeout_seconds=INTEROP_REQUEST_TIMEOUT_S)
+        async with client:  # the extension's claim resolves the task: the caller sees the tool's result
+            result = await client.call_tool("publish_session", {"transcript": cc_transcript("task-py")})
+            found["result"] = {"isError": result.is_error, "structuredContent": result.structured_content}
+    return found
+
+
+def test_interop_python_sdk_runs_a_save_as_a_2026_07_28_task(interop_server, interop_stub):
+    """The official Python SDK (2.3.0) with the tasks extension declared per request, through a client
+    extension whose result claim polls tasks/get: the save answers with its task handle at once and
+    ends in one upload, the result inlined in the completed task. (The SDK has no 2025-11-25 task
+    client: its result surface for tools/call at that revision is CallToolResult only, so it refuses a
+    CreateTaskResult; the TypeScript SDK's covers those.)"""
+    interop_stub.queue("POST /library/push", None, delay=3)  # still working when first polled
+    found = _run_python_client(interop_server, "2026-07-28", _interop_python_tasks,
+                               before=lambda: _interop_library(interop_server, interop_stub))
+    ctx = json.dumps(found, indent=1, default=str)[:6000] + interop_server.diag()
+    handle = found["handles"][0]
+    assert re.fullmatch("[0-9a-f]{32}", handle["taskId"]) and handle["status"] == "working", ctx
+    assert handle["resultType"] == "task" and handle["pollIntervalMs"] == a4sx_mcp.TASK_POLL_MS, ctx
+    assert found["polled"][0]["status"] == "working" and found["polled"][-1]["status"] == "completed", ctx
+    assert found["result"]["isError"] is False and unframe(found["result"]["structuredContent"])["status"] == "saved"
+    assert len(interop_stub.requests("POST /library/push")) == 1, ctx
+    methods = interop_server.client_methods()
+    assert methods.count("tools/call") == 1 and "tasks/get" in methods, ctx
+
+
 def test_interop_inspector_cli_lists_resources_and_prompts(interop_server, interop_stub, tmp_path):
     node = shutil.which("node")
     launcher = (_interop_node_modules() / "@modelcontextprotocol" / "inspector" / "clients" / "launcher" / "build"
@@ -7480,8 +7874,10 @@ def test_initialize_echoes_known_versions_else_latest(spawn, requested, answered
     response = proc.initialize(requested)
     result = response["result"]
     assert result["protocolVersion"] == answered
+    tasks = {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}  # saves run as tasks (2025-11-25 only)
     assert result["capabilities"] == dict({"tools": {}, "resources": {}, "prompts": {}},
-                                          **({"completions": {}} if answered >= "2025-03-26" else {}))
+                                          **({"completions": {}} if answered >= "2025-03-26" else {}),
+                                          **({"tasks": tasks} if answered == "2025-11-25" else {}))
     assert result["serverInfo"]["name"] == "a4sx-mcp" and result["serverInfo"]["version"] == a4sx_mcp.__version__
     assert "never buys" in result["instructions"] and "privately" in result["instructions"]
     assert "resultType" not in result
@@ -7553,7 +7949,7 @@ def test_tool_schemas_match_the_spec_exactly():
     assert "required" not in local and local["properties"]["session"]["default"] == "current"
     for name in ("title", "label", "parent", "idempotency_key"):  # the same meanings and limits as publish_session
         assert local["properties"][name] == publish["properties"][name], name
-    assert set(local["properties"]) == {"session", "title", "label", "parent", "idempotency_key"}
+    assert set(local["properties"]) == {"session", "title", "label", "parent", "idempotency_key", "save_id"}
 
 
 def test_requests_before_initialize_without_modern_meta_are_refused(spawn):
@@ -7732,7 +8128,8 @@ def test_server_discover(spawn):
     proc = spawn(initialize=None)
     result = proc.request("server/discover", {"_meta": MODERN_META})["result"]
     assert result["supportedVersions"] == [MODERN]
-    assert result["capabilities"] == {"tools": {}, "resources": {}, "prompts": {}, "completions": {}}
+    assert result["capabilities"] == {"tools": {}, "resources": {}, "prompts": {}, "completions": {},
+                                      "extensions": {"io.modelcontextprotocol/tasks": {}}}
     assert result["resultType"] == "complete" and result["cacheScope"] in ("public", "private")
     assert isinstance(result["ttlMs"], int) and result["ttlMs"] >= 0
     assert "never buys" in result["instructions"]
@@ -7958,7 +8355,7 @@ def test_a_message_that_raises_does_not_end_the_process(monkeypatch):
         return real(self, line)
 
     monkeypatch.setattr(a4sx_mcp.Server, "handle_line", the_first_line_raises)
-    monkeypatch.setattr(a4sx_mcp, "_exit_on_sigterm", lambda writer: None)  # no SIGTERM handler in pytest
+    monkeypatch.setattr(a4sx_mcp, "_exit_on_sigterm", lambda writer, server=None: None)  # no SIGTERM handler in pytest
     monkeypatch.setattr(sys, "stdin", stdin)
     stdout = io.TextIOWrapper(out)  # held: serve drops sys.stdout, and a collected wrapper closes ``out``
     monkeypatch.setattr(sys, "stdout", stdout)
