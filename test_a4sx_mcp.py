@@ -9313,7 +9313,9 @@ def test_readme_snippets_parse_and_name_real_flags_and_variables():
     for block in readme_blocks("json"):
         config = json.loads(block)
         servers = config.get("mcpServers") or config.get("servers")
-        assert servers["a4sx"]["command"] == "uvx" and servers["a4sx"]["args"] == ["--from", CLONE, "a4sx-mcp"]
+        # "uvx", or its full path (README's macOS part: a GUI client does not get the shell's PATH)
+        assert servers["a4sx"]["command"].rsplit("/", 1)[-1] == "uvx", servers
+        assert servers["a4sx"]["args"] == ["--from", CLONE, "a4sx-mcp"], servers
     flags = set(re.findall(r"--[a-z-]+", a4sx_mcp.USAGE))
     source = open(SERVER).read()
     shell = readme_blocks("sh")
