@@ -2892,8 +2892,8 @@ PUBLISH_PROPERTIES = {
     "client_scrubbed": {"type": "boolean",
                         "description": "Accepted for compatibility: it is always scrubbed here."},
     "idempotency_key": {"type": "string", "minLength": 1, "maxLength": 128, "pattern": "^[\\x21-\\x7e]+$",
-                        "description": "Retry a failed save with the key its error named: the same key and "
-                                       "content get the first answer; other content is its own save. Default: new."},
+                        "description": "To retry a failed save, the key its error named; other content under a "
+                                       "key is a save of its own. Default: new."},
 }
 
 
@@ -2993,17 +2993,15 @@ TOOLS = [
         "name": "publish_local_session",
         "title": "Save this session to library",
         "description": (
-            "Save the session you are in to your PRIVATE a4sx library: this local server reads its transcript "
-            "from the agent's own session files (Claude Code, Codex CLI), so there is no transcript to pass. "
-            "Or name another session of this project recorded on this machine by its id. It is scrubbed of "
-            "secrets and personal data here first; saving the same session again adds a new version to the entry "
-            "it was saved to. Nothing is made public."),
+            "Save the session you are in to your PRIVATE a4sx library, read from the agent's own session files "
+            "on this machine (Claude Code, Codex CLI): there is no transcript to pass. Or name another of this "
+            "project's sessions by its id. It is scrubbed of secrets and personal data here first; saving the "
+            "same session again adds a new version to the entry it was saved to. Nothing is made public."),
         "inputSchema": _object({
             "session": {"type": "string", "minLength": 1, "maxLength": 128, "pattern": LOCAL_ID_PATTERN,
                         "default": "current",
-                        "description": "current (default): the session this call comes from. Else the id of a "
-                                       "Claude Code session or Codex CLI rollout of this project recorded on this "
-                                       "machine."},
+                        "description": "current (default): the session this call comes from; else the id of one "
+                                       "of this project's Claude Code sessions or Codex CLI rollouts."},
             "title": PUBLISH_PROPERTIES["title"],
             "label": PUBLISH_PROPERTIES["label"],
             "parent": PUBLISH_PROPERTIES["parent"],

@@ -606,22 +606,25 @@ def _first_record(body):
 
 # -- demo data ----------------------------------------------------------------------------------
 
-def _demo_claude_transcript(session_id):
-    """A short Claude Code session with one tool_use / tool_result round trip."""
+def _demo_tool_session(session_id, ask, plan, tool, tool_input, output, answer):
+    """A short Claude Code session: a question, one tool_use / tool_result round trip, the answer."""
     tool_id = "toolu_demo_" + secrets.token_hex(4)
     return claude_jsonl([
-        claude_record("user", "Rename the helper parse_cfg to parse_config across the demo project.",
-                      session_id),
-        claude_record("assistant", [
-            {"type": "text", "text": "I'll find every call site first."},
-            {"type": "tool_use", "id": tool_id, "name": "Grep", "input": {"pattern": "parse_cfg"}}],
-            session_id),
-        claude_record("user", [{"type": "tool_result", "tool_use_id": tool_id,
-                                "content": "src/app.py:12:    cfg = parse_cfg(path)\nsrc/cfg.py:3:def parse_cfg(p):"}],
-                      session_id),
-        claude_record("assistant", "Renamed the definition in src/cfg.py and the call in src/app.py; "
-                                   "the tests still pass.", session_id),
+        claude_record("user", ask, session_id),
+        claude_record("assistant", [{"type": "text", "text": plan},
+                                    {"type": "tool_use", "id": tool_id, "name": tool, "input": tool_input}], session_id),
+        claude_record("user", [{"type": "tool_result", "tool_use_id": tool_id, "content": output}], session_id),
+        claude_record("assistant", answer, session_id),
     ])
+
+
+def _demo_claude_transcript(session_id):
+    """Renaming a helper across a project."""
+    return _demo_tool_session(
+        session_id, "Rename the helper parse_cfg to parse_config across the demo project.",
+        "I'll find every call site first.", "Grep", {"pattern": "parse_cfg"},
+        "src/app.py:12:    cfg = parse_cfg(path)\nsrc/cfg.py:3:def parse_cfg(p):",
+        "Renamed the definition in src/cfg.py and the call in src/app.py; the tests still pass.")
 
 
 def _demo_codex_files():
@@ -650,20 +653,13 @@ def _demo_codex_files():
 
 
 def _demo_flaky_transcript(session_id):
-    """A short Claude Code session about a flaky pytest fixture (the README's example request)."""
-    tool_id = "toolu_demo_" + secrets.token_hex(4)
-    return claude_jsonl([
-        claude_record("user", "test_orders passes alone but fails in the full run. Is a pytest fixture leaking?",
-                      session_id),
-        claude_record("assistant", [
-            {"type": "text", "text": "Let me run the suite in a random order to find the leak."},
-            {"type": "tool_use", "id": tool_id, "name": "Bash", "input": {"command": "pytest -p random_order -x"}}],
-            session_id),
-        claude_record("user", [{"type": "tool_result", "tool_use_id": tool_id,
-                                "content": "FAILED tests/test_orders.py::test_total - assert 3 == 2"}], session_id),
-        claude_record("assistant", "The module-scoped `db` fixture keeps rows between tests; making it "
-                                   "function-scoped with a rollback fixes the flaky test.", session_id),
-    ])
+    """A flaky pytest fixture (the README's example request)."""
+    return _demo_tool_session(
+        session_id, "test_orders passes alone but fails in the full run. Is a pytest fixture leaking?",
+        "Let me run the suite in a random order to find the leak.", "Bash", {"command": "pytest -p random_order -x"},
+        "FAILED tests/test_orders.py::test_total - assert 3 == 2",
+        "The module-scoped `db` fixture keeps rows between tests; making it function-scoped with a rollback "
+        "fixes the flaky test.")
 
 
 def seed_demo(stub, token=None):

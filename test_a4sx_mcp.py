@@ -6359,6 +6359,28 @@ def test_claude_code_subagent_saves_the_session_it_belongs_to(env, stub, token, 
     assert body == a4sx_scrubbed(b"".join(lines[:body.count(b"\n")])), "the push is not the session's own file"
 
 
+def codex_exec(work, api, srv, prompt, *settings):
+    """``codex exec`` in ``work`` against the scripted model ``api``, with this server (``srv``) as its
+    MCP server ``a4sx``; ``settings``: more ``-c`` values."""
+    cmd = [str(CODEX_BIN), "exec", "--skip-git-repo-check", "--json", "-C", str(work), "-m", "gpt-5.5",
+           "-c", "model_provider=fake", "-c", api.provider(),
+           "-c", "mcp_servers.a4sx.command=" + _toml(srv.command),
+           "-c", "mcp_servers.a4sx.args=" + _toml(srv.args),
+           "-c", "mcp_servers.a4sx.env=" + _toml(srv.env)]
+    for setting in settings:
+        cmd += ["-c", setting]
+    return cmd + [prompt]
+
+
+def codex_environ(home, codex_home, trap):
+    """Codex CLI's environment: a dummy key, and every proxy variable at the loopback trap."""
+    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "CODEX_HOME": str(codex_home),
+            "TERM": "dumb", "LANG": "C.UTF-8", "OPENAI_API_KEY": "e2e-dummy-" + uuid.uuid4().hex,
+            "HTTPS_PROXY": trap.url, "HTTP_PROXY": trap.url, "ALL_PROXY": trap.url,
+            "https_proxy": trap.url, "http_proxy": trap.url, "all_proxy": trap.url,
+            "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
+
+
 @pytest.mark.parametrize("case", sorted(CODEX_CASES))
 def test_codex_saves_its_own_session(env, stub, token, spawn, tmp_path, case):
     if not CODEX_BIN.exists():
@@ -6372,17 +6394,8 @@ def test_codex_saves_its_own_session(env, stub, token, spawn, tmp_path, case):
     srv.env["HOME"] = str(home)                 # so the server finds ~/.codex/sessions
     srv.env["A4SX_CONFIG_DIR"] = str(env["cfg"])  # where the token fixture signed in
     api, trap = FakeResponsesApi(CODEX_CASES[case]), ProxyTrap()
-    cmd = [str(CODEX_BIN), "exec", "--skip-git-repo-check", "--json", "-C", str(work), "-m", "gpt-5.5",
-           "-c", "model_provider=fake", "-c", api.provider(),
-           "-c", "mcp_servers.a4sx.command=" + _toml(srv.command),
-           "-c", "mcp_servers.a4sx.args=" + _toml(srv.args),
-           "-c", "mcp_servers.a4sx.env=" + _toml(srv.env),
-           "Use the a4sx tools, then save this session."]
-    environ = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "CODEX_HOME": str(codex_home),
-               "TERM": "dumb", "LANG": "C.UTF-8", "OPENAI_API_KEY": "e2e-dummy-" + uuid.uuid4().hex,
-               "HTTPS_PROXY": trap.url, "HTTP_PROXY": trap.url, "ALL_PROXY": trap.url,
-               "https_proxy": trap.url, "http_proxy": trap.url, "all_proxy": trap.url,
-               "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
+    cmd = codex_exec(work, api, srv, "Use the a4sx tools, then save this session.")
+    environ = codex_environ(home, codex_home, trap)
     rc, out, err, elapsed = run_agent_cli(cmd, work, environ, (api, trap), CODEX_TIMEOUT_S)
 
     def ctx():
@@ -6474,18 +6487,8 @@ def test_codex_saves_a_session_slower_than_its_tool_timeout_through_save_id_call
     srv = _InteropServer(tmp_path, stub.base)
     srv.env.update(HOME=str(home), A4SX_CONFIG_DIR=str(env["cfg"]), A4SX_MCP_ANSWER_WITHIN_S="1")
     api, trap = SaveIdFollower([("publish_local_session", {})]), ProxyTrap()
-    cmd = [str(CODEX_BIN), "exec", "--skip-git-repo-check", "--json", "-C", str(work), "-m", "gpt-5.5",
-           "-c", "model_provider=fake", "-c", api.provider(),
-           "-c", "mcp_servers.a4sx.command=" + _toml(srv.command),
-           "-c", "mcp_servers.a4sx.args=" + _toml(srv.args),
-           "-c", "mcp_servers.a4sx.env=" + _toml(srv.env),
-           "-c", "mcp_servers.a4sx.tool_timeout_sec=2",
-           "Save this session with a4sx."]
-    environ = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "CODEX_HOME": str(codex_home),
-               "TERM": "dumb", "LANG": "C.UTF-8", "OPENAI_API_KEY": "e2e-dummy-" + uuid.uuid4().hex,
-               "HTTPS_PROXY": trap.url, "HTTP_PROXY": trap.url, "ALL_PROXY": trap.url,
-               "https_proxy": trap.url, "http_proxy": trap.url, "all_proxy": trap.url,
-               "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"}
+    cmd = codex_exec(work, api, srv, "Save this session with a4sx.", "mcp_servers.a4sx.tool_timeout_sec=2")
+    environ = codex_environ(home, codex_home, trap)
     rc, out, err, elapsed = run_agent_cli(cmd, work, environ, (api, trap), CODEX_TIMEOUT_S)
 
     def ctx():
