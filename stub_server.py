@@ -28,7 +28,6 @@ import shlex
 import signal
 import socket
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -757,11 +756,11 @@ def demo_state(folder, reset):
     return folder, config, library, token
 
 
-def _print_demo(stub, token, config_dir=None, folder=None, kept=False):
+def _print_demo(stub, token, config_dir, folder=None, kept=False):
     """The environment and MCP client config a user needs to try the demo: the same on every start
     with the same ``--port`` and ``--state``."""
     env = {"A4SX_BASE": stub.base, "A4SX_SESSION": token, "A4SX_SESSION_BASE": stub.base,
-           "A4SX_CONFIG_DIR": config_dir or tempfile.mkdtemp(prefix="a4sx-demo-")}
+           "A4SX_CONFIG_DIR": config_dir}
     server = os.path.join(os.path.dirname(os.path.abspath(__file__)), "a4sx_mcp.py")
     print("# a4sx demo API on %s (synthetic data; Ctrl-C to stop)" % stub.base)
     if folder:

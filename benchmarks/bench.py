@@ -20,6 +20,7 @@ target fails beyond its noise margin. Stdlib only, plus the a4sx SDK (the floor 
 """
 
 import argparse
+import atexit
 import base64
 import collections
 import hashlib
@@ -27,6 +28,7 @@ import json
 import math
 import os
 import random
+import shutil
 import statistics
 import string
 import subprocess
@@ -442,6 +444,7 @@ def signed_in_stub(rng):
     token = "bench-" + "".join(rng.choice("0123456789abcdef") for _ in range(24))
     stub.tokens.add(token)
     cfg = tempfile.mkdtemp(prefix="a4sx-bench-")
+    atexit.register(shutil.rmtree, cfg, True)  # its sessions are tens of MiB: gone when the run ends
     with open(os.open(os.path.join(cfg, "credentials.json"), os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
         json.dump({stub.base: token}, f)
     return stub, token, cfg
@@ -922,6 +925,7 @@ def net_setup(rng):
     stub.bundles["net-s"] = bundle("net-s", {"transcript.jsonl": session}, title="A session")
     stub.library.append(library_row("net-s", title="A session"))
     cfg = tempfile.mkdtemp(prefix="a4sx-bench-net-")
+    atexit.register(shutil.rmtree, cfg, True)
     paths = ssl.get_default_verify_paths()
     system = next((p for p in (paths.cafile, paths.openssl_cafile, "/etc/ssl/certs/ca-certificates.crt")
                    if p and os.path.exists(p)), None)
