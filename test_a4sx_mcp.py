@@ -3268,7 +3268,7 @@ def test_a_session_line_of_any_shape_keeps_the_server_within_five_times_the_file
     decoded, naming the line, by publish_local_session and publish_session alike; the server's peak
     RSS (VmHWM, from its start) stays under 5x the file + 64 MiB, and it goes on answering and saving."""
     for tool, size in (("publish_local_session", (16 if shape == "[{},...]" else 24) << 20),
-                       ("publish_session", 12 << 20)):
+                       ("publish_session", 8 << 20)):
         sid = str(uuid.uuid4())
         line = hostile_session_line(shape, size, sid)
         assert len(line) <= size + 64 and isinstance(json.loads(line), dict)  # a valid record: only memory stops it

@@ -765,7 +765,7 @@ def local_measure(sizes, reps):
 # --- one big line: the server's peak while it checks a session with a hostile-shaped line ----------
 
 LINE_BYTES = 60 * MiB  # publish_local_session's file (its cap is 64 MiB); both modes: ~15 s in all
-LINE_PUBLISH_BYTES = 12 * MiB  # publish_session's transcript (a request line holds at most 16 MiB)
+LINE_PUBLISH_BYTES = 8 * MiB  # publish_session's transcript (4x its default cap; the request line is parsed whole)
 
 
 def line_of(shape, size, sid):
@@ -788,7 +788,8 @@ def line_measure(rng):
     stub, token, cfg = signed_in_stub(rng)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("A4SX_", "CLAUDE_", "CODEX_"))}
     env.update(A4SX_CONFIG_DIR=cfg, HOME=cfg, A4SX_MCP_PUBLISH_PER_MIN="0", A4SX_MCP_PER_MIN="0",
-               A4SX_MCP_MAX_PUBLISH_BYTES=str(16 * MiB))  # (default 2 MiB) the most a request line carries
+               A4SX_MCP_MAX_PUBLISH_BYTES=str(16 * MiB),  # (default 2 MiB) the most a request line carries
+               CLAUDE_PROJECT_DIR="/bench/lines")  # the project whose folder holds the sessions
     folder = os.path.join(cfg, ".claude", "projects", "-bench-lines")
     os.makedirs(folder, exist_ok=True)
     rows = []
@@ -815,6 +816,8 @@ def line_measure(rng):
                 result = msg.get("result", {})
                 answer = ("refused: " + str(result.get("structuredContent", {}).get("error"))
                           if result.get("isError") else "saved" if result else "no result")
+                if answer not in ("saved", "refused: not_a_transcript"):  # the line itself was never read
+                    raise RuntimeError("%s of one %s line answered %s: nothing was measured" % (tool, shape, answer))
                 srv.request("ping")  # still answering
                 peak = proc_status(srv.pid, "VmHWM")
                 srv.close()
