@@ -2700,9 +2700,8 @@ def test_fault_answers_slower_than_the_timeout(stub, token, monkeypatch, env):
         before = len(stub.requests(route))
         new_account(env, stub)
         stub.queue(route, status=None, delay=0.8)  # the normal answer, late
-        started = time.monotonic()
         structured, text, is_error = server.tool(name, arguments)
-        assert time.monotonic() - started < 0.75
+        # (no timing: the answer comes at 0.8 s, so an error saying "in time" is the deadline's)
         assert is_error and structured["error"] == "network_error", (name, structured)
         assert "did not answer in time" in text
         assert len(stub.requests(route)) == before + 1  # a read is never retried
