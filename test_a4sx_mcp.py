@@ -8064,7 +8064,8 @@ def test_tool_schemas_match_the_spec_exactly():
     assert "required" not in local and local["properties"]["session"]["default"] == "current"
     for name in ("title", "label", "parent", "idempotency_key"):  # the same meanings and limits as publish_session
         assert local["properties"][name] == publish["properties"][name], name
-    assert set(local["properties"]) == {"session", "title", "label", "parent", "idempotency_key", "save_id"}
+    assert set(local["properties"]) == {"session", "title", "label", "parent", "idempotency_key", "save_id", "images"}
+    assert local["properties"]["images"]["enum"] == ["keep", "placeholder"]  # no default: the user's choice
 
 
 def test_requests_before_initialize_without_modern_meta_are_refused(spawn):
