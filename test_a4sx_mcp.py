@@ -1543,7 +1543,7 @@ REVIEW_SEARCHES = {
         (r"api\.send\(", {"ToolContext.send", "run_check"})],
     5: [(r"_exchange\(|_read_body\(", {"Api.send", "Api._exchange", "_read_body"})],
     6: [(r"Result\(", {"json_result", "saving_result", "context_result", "error_result", "framed_error"}),
-        (r'"text": ', {"get_prompt", "Server.serve_feature", "Server.tool_payload"}),
+        (r'"text": ', {"get_prompt", "Server.serve_feature", "Server.tool_payload", "_without_image"}),
         (r"\benvelope\(|fenced\(", {"fenced", "envelope", "_frame", "render_context", "context_result"}),
         (r"context_result\(", {"context_result", "tool_fetch_session_context"})],
     7: [(r"publish_checked\(", {"publish_checked", "tool_publish_session", "tool_publish_local_session"}),
@@ -1572,7 +1572,7 @@ REVIEW_SEARCHES = {
                                                 "pick_transcript"}),
          (r"session_line\(|line_over_budget\(", {"line_over_budget", "session_line", "check_transcript",
                                                 "carries_other_authors_framing", "call_in", "first_session_id",
-                                                "_rollout_cwd", "transcript_session_id"})],
+                                                "_rollout_cwd", "transcript_session_id", "without_images"})],
     14: [(r'\bsay\(([^"]|$)', {"say"}),
          (r"Words\(", {"<module>", "say", "plain_name", "echoed_name", "local_line"}),
          (r"local_line\(|echoed_name\(", {"echoed_name", "local_line", "_trust_problem", "read_private",
@@ -5604,6 +5604,96 @@ def test_local_session_codex_rollout_named_by_the_call(spawn, stub, token, env):
     assert len(stub.pushes) == 1
 
 
+# Sessions with images, as the real CLIs wrote them (testdata/README-*.txt): one pasted or attached PNG.
+IMAGE_CASES = {"claude-code-2.1.332-image.jsonl": 2, "codex-0.169.0-image.jsonl": 1}  # CC: message + api-request-blob
+
+
+def image_session(env, tmp_path, name):
+    """``(session id, file bytes, the server's extra env)``: ``testdata/<name>`` laid out where its CLI
+    wrote it, in a project of its own cwd."""
+    data = (TESTDATA / name).read_bytes()
+    first = json.loads(data.split(b"\n", 1)[0])
+    if name.startswith("codex"):
+        sid = first["payload"]["id"]
+        folder = env["home"] / ".codex" / "sessions" / "2026" / "12" / "03"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / ("rollout-2026-12-03T18-09-35-%s.jsonl" % sid)).write_bytes(data)
+        return sid, data, {"CLAUDE_PROJECT_DIR": first["payload"]["cwd"]}
+    sid = next(json.loads(line)["sessionId"] for line in data.splitlines() if b'"sessionId"' in line)
+    folder = tmp_path / "claude-config" / "projects" / "-tmp-imgs1-cc-work"
+    folder.mkdir(parents=True)
+    (folder / (sid + ".jsonl")).write_bytes(data)
+    return sid, data, {"CLAUDE_CONFIG_DIR": str(tmp_path / "claude-config"), "CLAUDE_PROJECT_DIR": "/tmp/imgs1/cc/work"}
+
+
+def _placeholder_of(block):
+    """The test's own reading of an image block: what stands in for it, or None (not an image)."""
+    if block.get("type") == "image" and (block.get("source") or {}).get("type") == "base64":
+        media, size = block["source"]["media_type"], len(base64.b64decode(block["source"]["data"]))
+        return {"type": "text", "text": "[image omitted by a4sx-mcp: %s, %d bytes]" % (media, size)}
+    if block.get("type") == "input_image":
+        media, data = block["image_url"][len("data:"):].split(";base64,")
+        size = len(base64.b64decode(data))
+        return {"type": "input_text", "text": "[image omitted by a4sx-mcp: %s, %d bytes]" % (media, size)}
+    return None
+
+
+@pytest.mark.parametrize("name", sorted(IMAGE_CASES))
+def test_local_session_saved_without_images_when_the_user_asks(spawn, stub, token, env, tmp_path, name):
+    """images=placeholder (the user's choice): every image's base64 data (Claude Code: the message and its
+    api-request-blob copy; Codex: the input_image data URL) becomes a text block naming its media type
+    and decoded size; the transcript still passes the check, its other lines are uploaded byte for byte
+    as the scrub leaves them, the result counts what was replaced, and it loads back with the notes."""
+    sid, data, extra = image_session(env, tmp_path, name)
+    expected, replaced = [], 0
+    for line in data.split(b"\n"):
+        if b"base64" not in line:
+            expected.append(line)
+            continue
+        record = json.loads(line)
+        holders = [record.get("message") or {}, record.get("payload") or {}]
+        for holder in holders:
+            content = holder.get("content") if isinstance(holder, dict) else None
+            for i, block in enumerate(content if isinstance(content, list) else []):
+                note = _placeholder_of(block) if isinstance(block, dict) else None
+                if note:
+                    content[i], replaced = note, replaced + 1
+        expected.append(json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+    expected = b"\n".join(expected)
+    assert replaced == IMAGE_CASES[name] and b"base64" not in expected
+    proc = spawn(extra_env=extra)
+    saved, _, is_error = local_save(proc, {"session": sid, "images": "placeholder"})
+    assert not is_error, saved
+    assert saved["local_session"]["images"] == {"choice": "placeholder", "replaced": replaced,
+                                                "bytes_removed": len(data) - len(expected)}, saved
+    body = stub.pushes[-1]["body"]
+    assert body == a4sx_scrubbed(expected) and b"base64" not in body
+    kept = [a for a, b in zip(a4sx_scrubbed(data).split(b"\n"), body.split(b"\n")) if a == b]
+    assert len(kept) == data.count(b"\n") + 1 - sum(b"base64" in line for line in data.split(b"\n"))
+    if name.startswith("claude"):  # loaded back: the note where the image was
+        loaded, _, is_error = proc.tool("fetch_session_context", {"id": saved["library_id"]})
+        assert not is_error and "[image omitted by a4sx-mcp: image/png, 268 bytes]" in loaded["context"], loaded
+    assert len(stub.pushes) == 1
+
+
+@pytest.mark.parametrize("name", sorted(IMAGE_CASES))
+def test_local_session_keeps_images_by_default(spawn, stub, token, env, tmp_path, name):
+    """Without the user's choice the session is saved as it is, images and all, and the result says so;
+    a save without images is never joined to one with them (nor the reverse): each is its own upload."""
+    sid, data, extra = image_session(env, tmp_path, name)
+    proc = spawn(extra_env=extra)
+    for bad in ("none", "", 0, True):
+        refused, _, is_error = local_save(proc, {"session": sid, "images": bad})
+        assert is_error and refused["error"] == "invalid_arguments", (bad, refused)
+    assert stub.requests() == []
+    saved, _, is_error = local_save(proc, {"session": sid})
+    assert not is_error and saved["local_session"]["images"] == {"choice": "keep"}, saved
+    assert stub.pushes[-1]["body"] == a4sx_scrubbed(data) and b"base64" in stub.pushes[-1]["body"]
+    left_out, _, is_error = local_save(proc, {"session": sid, "images": "placeholder"})
+    assert not is_error and left_out["local_session"]["images"]["replaced"] == IMAGE_CASES[name], left_out
+    assert len(stub.pushes) == 2 and b"base64" not in stub.pushes[-1]["body"]
+
+
 def test_local_session_files_that_are_not_the_agents_own_are_never_read(spawn, stub, token, env, tmp_path):
     """A link (file or folder) that leads out, a FIFO, a file of another user, a hard link: refused
     or not listed, and nothing is sent; the server answers at once (nothing blocks on the FIFO)."""
@@ -5830,6 +5920,23 @@ def test_a_save_longer_than_the_bound_answers_saving_and_finishes_through_save_i
     assert unknown["error"] == "unknown_save" and len(stub.pushes) == 2, text
     alone, _ = saving_call(proc, "publish_local_session", {"save_id": first["save_id"], "title": "x"})
     assert alone["error"] == "invalid_arguments", alone
+
+
+def test_a_save_in_flight_is_not_joined_by_one_with_the_other_images_choice(spawn, stub, token, env, tmp_path):
+    """The images choice is part of what a save is: asked without images while the same session is being
+    saved with them, it is a save of its own (its own save_id, its own upload), and the reverse."""
+    sid, data, extra = image_session(env, tmp_path, "claude-code-2.1.332-image.jsonl")
+    proc = spawn(extra_env=dict(extra, A4SX_MCP_ANSWER_WITHIN_S="1"))
+    stub.queue("POST /library/push", None, delay=4)
+    stub.queue("POST /library/push", None, delay=4)
+    kept, _ = saving_call(proc, "publish_local_session", {"session": sid})
+    left_out, _ = saving_call(proc, "publish_local_session", {"session": sid, "images": "placeholder"})
+    same, _ = saving_call(proc, "publish_local_session", {"session": sid, "images": "keep"})
+    assert kept["status"] == left_out["status"] == same["status"] == "saving", (kept, left_out)
+    assert left_out["save_id"] != kept["save_id"] and same["save_id"] == kept["save_id"]
+    done = [finish_save(proc, answer["save_id"])[0] for answer in (kept, left_out)]
+    assert [d["local_session"]["images"]["choice"] for d in done] == ["keep", "placeholder"], done
+    assert len(stub.pushes) == 2 and sorted(b"base64" in p["body"] for p in stub.pushes) == [False, True]
 
 
 def test_cancelling_the_first_call_stops_the_save_but_a_status_call_does_not(spawn, stub, token, env):
@@ -7326,6 +7433,7 @@ def test_load_session_prompt_embeds_the_framed_session(spawn, stub, token, versi
     ("find_sessions", {"query": "x", "scope": "everywhere"}, "scope"),
     ("find_sessions", {"query": "x" * 201}, "at most 200"),
     ("save_session", {"label": "x" * 65}, "at most 64"),
+    ("save_session", {"images": "none"}, "images"),
 ])
 def test_prompt_argument_errors(spawn, stub, token, name, arguments, fragment):
     proc = spawn()
@@ -7359,6 +7467,8 @@ def test_find_and_save_prompts_only_ask_for_the_tools(spawn, stub):
     assert "transcript" not in text.replace("session's transcript", "").replace("no transcript", "")
     assert proc.request("prompts/get", {"name": "save_session"})["result"]["messages"][0]["content"]["text"] == \
         a4sx_mcp.SAVE_SESSION_TEXT
+    without = proc.request("prompts/get", {"name": "save_session", "arguments": {"images": "placeholder"}})
+    assert '{"images": "placeholder"}' in without["result"]["messages"][0]["content"]["text"]  # the user's choice
     assert stub.requests() == []  # a prompt never calls a tool itself: nothing was sent
 
 
@@ -7459,7 +7569,9 @@ def test_every_input_property_is_described_briefly():
     for version in LEGACY + [MODERN]:
         sizes[version] = len(json.dumps({"tools": a4sx_mcp.tools_for(version)}, separators=(",", ":")))
     print("tools/list compact JSON bytes:", sizes)
-    assert sizes["2024-11-05"] < 7500 and sizes[MODERN] < 12500
+    # + 119: publish_local_session's images property (issue 24: the user may save a session without
+    # its images), a deliberate growth of exactly its compact JSON
+    assert sizes["2024-11-05"] < 7500 + 119 and sizes[MODERN] < 12500 + 119
 
 
 def _interop_library(srv, stub):
@@ -7951,7 +8063,8 @@ def test_tool_schemas_match_the_spec_exactly():
     assert "required" not in local and local["properties"]["session"]["default"] == "current"
     for name in ("title", "label", "parent", "idempotency_key"):  # the same meanings and limits as publish_session
         assert local["properties"][name] == publish["properties"][name], name
-    assert set(local["properties"]) == {"session", "title", "label", "parent", "idempotency_key", "save_id"}
+    assert set(local["properties"]) == {"session", "title", "label", "parent", "idempotency_key", "save_id", "images"}
+    assert local["properties"]["images"]["enum"] == ["keep", "placeholder"]  # no default: the user's choice
 
 
 def test_requests_before_initialize_without_modern_meta_are_refused(spawn):
