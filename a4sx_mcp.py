@@ -2312,7 +2312,7 @@ def holds_call(session, call_id):
 
 def call_in(data, harness, call_id, first_line_whole=True):
     """True when a complete line of ``data`` is the client's record of the tool call ``call_id``."""
-    needle, at = call_id.encode(), 0
+    needle, at, room = call_id.encode(), 0, line_room(len(data))
     while True:
         at = data.find(needle, at)
         end = data.find(b"\n", at) if at >= 0 else -1
@@ -2320,16 +2320,17 @@ def call_in(data, harness, call_id, first_line_whole=True):
             return False
         line_start = data.rfind(b"\n", 0, at) + 1
         if (line_start > 0 or first_line_whole) and is_the_call(  # a whole line: a tail's first may be cut
-                session_line(data[line_start:end], line_room(len(data)), "replace")[0], harness, call_id):
+                session_line(data[line_start:end], room, "replace")[0], harness, call_id):
             return True
         at = end
 
 
 def first_session_id(data):
     """The ``sessionId`` of the first record that has one (the SDK's ``session_id_of`` rule), or None."""
+    room = line_room(len(data))
     for line in byte_lines(data):
         if b"sessionId" in line or b"\\u" in line:  # candidate lines only (an escape can spell the key)
-            record = session_line(line, line_room(len(data)), "replace")[0]
+            record = session_line(line, room, "replace")[0]
             if isinstance(record, dict) and isinstance(record.get("sessionId"), str) and record["sessionId"]:
                 return record["sessionId"]
     return None
@@ -3925,7 +3926,7 @@ class Saves:
         """Starts ``handler(ctx', args)`` in the background on a context of the save's own; the Save."""
         with self.lock:
             self._expire()
-            running = sum(1 for s in self.by_id.values() if not s.done.is_set())
+            running = len(self.running())  # (the lock is re-entrant)
             if running >= SAVES_RUNNING:
                 raise ToolError("busy", say("%d saves are running; call again when one is done. Nothing was sent.",
                                             running))
