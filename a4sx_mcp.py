@@ -3707,13 +3707,28 @@ def take_publish_slot(ctx):
         raise ToolError("rate_limited", say("Too many publish calls; try again in %d s.", wait), retry_after_s=wait)
 
 
+class Prepared:
+    """A transcript checked and scrubbed, with everything decided before its upload: what
+    ``publish_checked`` sends (``send_prepared``), and what a preview describes without sending."""
+
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+
 def publish_checked(ctx, held, args, into=None, local=None, also=(False, ())):
     """Steps 4 to 12 of the spec's publish pipeline on a transcript's bytes (``held``, emptied so they
-    are freed once scrubbed; the caller took the rate limit first): the check, the scrub, lineage and
-    taint, the private upload (``into``: a new version of that entry, if still listed). ``local``: the
-    local session's ``saved-sessions.json`` key, recorded when the answer matches what was sent.
-    ``also``: what the taint rule sees of the session's other files (``session_parts``): framed, and
-    entries its earlier part was saved to. The result's fields."""
+    are freed once scrubbed; the caller took the rate limit first): ``prepare_publish`` (the check,
+    the scrub, lineage), then ``send_prepared`` (the private upload, taint, the records). The
+    result's fields."""
+    return send_prepared(ctx, prepare_publish(ctx, held, args, into, local, also))
+
+
+def prepare_publish(ctx, held, args, into=None, local=None, also=(False, ())):
+    """The check, the scrub and everything the upload needs, nothing sent but the library listing
+    (``into``: a new version of that entry, if still listed). ``local``: the local session's
+    ``saved-sessions.json`` key, recorded when the answer matches what was sent. ``also``: what the
+    taint rule sees of the session's other files (``session_parts``): framed, and entries its
+    earlier part was saved to. A ``Prepared``."""
     data = held.pop()
     problem = check_transcript(data)
     if problem:
@@ -3737,31 +3752,41 @@ def publish_checked(ctx, held, args, into=None, local=None, also=(False, ())):
     if into and not any(row.get("id") == into for row in rows):
         into = None  # the entry it was saved to is gone: a new one
     parent, parent_row = publish_parent(args.get("parent"), None if into else lineage, rows)
-    ensure_library(ctx)
-    caller_key = args.get("idempotency_key") or str(lazy("uuid").uuid4())
     params = {"label": label, "title": title, "parent": parent, "into": into, "client_scrub": "full"}
-    content_sha = lazy("hashlib").sha256(upload).hexdigest()
-    headers = {"Idempotency-Key": upload_key(caller_key, content_sha, params), "X-Content-SHA256": content_sha}
-    collection, body = push_with_retries(ctx, upload, params, headers, caller_key, local is not None)
-    untrusted = publish_taint(ctx, lineage, framed, parent_row, collection, rows, body.get("deduped") is True,
-                              earlier=also[1])
+    return Prepared(upload=upload, content_sha=lazy("hashlib").sha256(upload).hexdigest(), report=report,
+                    text_redactions=text_redactions, lineage=lineage, framed=framed, rows=rows, into=into,
+                    parent=parent, parent_row=parent_row, params=params, earlier=also[1], local=local,
+                    idempotency_key=args.get("idempotency_key"))
+
+
+def send_prepared(ctx, prep):
+    """The private upload of a ``Prepared``, then the taint rule and the records. The result's fields."""
+    ensure_library(ctx)
+    caller_key = prep.idempotency_key or str(lazy("uuid").uuid4())
+    headers = {"Idempotency-Key": upload_key(caller_key, prep.content_sha, prep.params),
+               "X-Content-SHA256": prep.content_sha}
+    collection, body = push_with_retries(ctx, prep.upload, prep.params, headers, caller_key, prep.local is not None)
+    untrusted = publish_taint(ctx, prep.lineage, prep.framed, prep.parent_row, collection, prep.rows,
+                              body.get("deduped") is True, earlier=prep.earlier)
     if untrusted:
         try:
             mark_untrusted(ctx.settings.base, collection)
         except Exception:  # noqa: BLE001 - the upload stands: its result must reach the model
             log("warning", "could not record the untrusted marker locally")
+    report = prep.report
     result = {"status": "saved", "visibility": "private", "library_id": collection, "version": body.get("version"),
               "deduped": body.get("deduped") is True, "server_redactions": body.get("redactions"),
               "client_redactions": {"lines_changed": report["lines_changed"], "rules": report["rules"],
-                                    "title_and_label": text_redactions},
-              "untrusted": untrusted, "parent": parent}
-    if local is not None:  # publish_local_session says where the save went, as the answer says it
+                                    "title_and_label": prep.text_redactions},
+              "untrusted": untrusted, "parent": prep.parent}
+    if prep.local is not None:  # publish_local_session says where the save went, as the answer says it
+        into = prep.into
         result["saved_as"] = saved_as(body, into, collection)
         if into and collection != into:  # not what was sent: never remembered as this session's entry
             log("warning", "the server stored the upload in another entry than the one it was sent into")
         else:
             try:
-                record_saved(ctx.settings.base, local, collection)
+                record_saved(ctx.settings.base, prep.local, collection)
             except Exception:  # noqa: BLE001 - saved all the same: a later save makes a new entry, not a version
                 log("warning", "could not record where the local session was saved")
     return result

@@ -1547,8 +1547,8 @@ REVIEW_SEARCHES = {
         (r"\benvelope\(|fenced\(", {"fenced", "envelope", "_frame", "render_context", "context_result"}),
         (r"context_result\(", {"context_result", "tool_fetch_session_context"})],
     7: [(r"publish_checked\(", {"publish_checked", "tool_publish_session", "tool_publish_local_session"}),
-        (r'"push"|push_with_retries\(', {"<module>", "push_with_retries", "publish_checked"})],
-    8: [(r"untrusted = |mark_untrusted\(", {"publish_checked", "mark_untrusted", "tool_search_sessions",
+        (r'"push"|push_with_retries\(', {"<module>", "push_with_retries", "send_prepared"})],
+    8: [(r"untrusted = |mark_untrusted\(", {"send_prepared", "mark_untrusted", "tool_search_sessions",
                                             "tool_get_session_summary", "tool_fetch_session_context"})],
     9: [(r'lazy\("subprocess"\)|write_private|fchmod|os\.(system|popen|fork|exec\w*|spawn\w*|replace|rename|remove|'
          r'unlink|mkdir|makedirs|truncate|chmod|chown|symlink|link|utime)\b|O_CREAT|O_WRONLY|O_RDWR|shutil|tempfile|'
