@@ -4415,12 +4415,14 @@ def complete(ctx, ref, argument):
             raise FeatureError("invalid", say("%s has no argument %s", plain_name(prompt["name"]),
                                               echoed_name(name, 64)))
         sources = {("load_session", "id"): ("id", "label"), ("save_session", "label"): ("label",)}
-        enums = {"scope": ("search_sessions", "scope"), "sort": ("search_sessions", "sort"),
-                 "harness": ("search_sessions", "harness"), "images": ("publish_local_session", "images")}
+        enums = {("find_sessions", "scope"): ("search_sessions", "scope"),
+                 ("find_sessions", "sort"): ("search_sessions", "sort"),
+                 ("find_sessions", "harness"): ("search_sessions", "harness"),
+                 ("save_session", "images"): ("publish_local_session", "images")}
         if (prompt["name"], name) in sources:
             candidates = library_values(ctx, sources[(prompt["name"], name)])
-        elif prompt["name"] == "find_sessions" and name in enums:
-            candidates = _enum_of(*enums[name])
+        elif (prompt["name"], name) in enums:
+            candidates = _enum_of(*enums[(prompt["name"], name)])
         else:
             candidates = []
     elif ref.get("type") == "ref/resource":

@@ -7491,6 +7491,8 @@ def test_completion_of_ids_labels_and_enums(spawn, stub, token, version):
     assert complete(load, "id", "lab-12")["values"][:2] == ["lab-12", "lab-120"]
     assert complete(load, "id", "has")["values"] == []  # prose never reaches a picker
     assert complete({"type": "ref/prompt", "name": "save_session"}, "label", "lab-1")["total"] == 41
+    assert complete({"type": "ref/prompt", "name": "save_session"}, "images", "")["values"] == ["keep", "placeholder"]
+    assert complete({"type": "ref/prompt", "name": "save_session"}, "images", "p")["values"] == ["placeholder"]
     finder = {"type": "ref/prompt", "name": "find_sessions"}
     assert complete(finder, "scope", "l")["values"] == ["library"]
     assert complete(finder, "sort", "r")["values"] == ["relevance", "rating", "recent"]
