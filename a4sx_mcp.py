@@ -287,6 +287,16 @@ def _is_loopback(host):
         return False
 
 
+def shown_base(value):
+    """A base URL as a message may show it: whatever comes before its last ``@`` (a ``user:password``,
+    however it is spelled) left out, so a bad ``--base`` never echoes a password to stderr."""
+    text = str(value)
+    head, at, host = text.rpartition("@")
+    if not at:
+        return text
+    return (head.split("://", 1)[0] + "://" if "://" in head else "") + "***@" + host
+
+
 def normalize_base(value):
     """An origin (``scheme://host[:port]``) from a base URL the way the a4sx SDK reads it.
 
@@ -295,7 +305,7 @@ def normalize_base(value):
     """
     raw = (value or "").strip() or PUBLIC_BASE
     if any(char.isspace() or ord(char) < 32 for char in raw):  # "localhost evil.example" is no host
-        raise ValueError("whitespace or a control character in base URL %r" % value)
+        raise ValueError("whitespace or a control character in base URL %r" % shown_base(value))
     if "://" not in raw:
         host_part = raw.split("/", 1)[0]
         raw = ("http://" if _is_loopback(urlsplit("//" + host_part).hostname) else "https://") + raw
@@ -305,13 +315,13 @@ def normalize_base(value):
         raise ValueError("unsupported scheme %r in base URL (use https)" % scheme)
     host = (parts.hostname or "").lower()
     if not host:
-        raise ValueError("no host in base URL %r" % value)
+        raise ValueError("no host in base URL %r" % shown_base(value))
     if scheme == "http" and not _is_loopback(host):
         raise ValueError("refusing plain http to %s: use https (http is allowed for localhost only)" % host)
     try:
         port = parts.port
     except ValueError:
-        raise ValueError("bad port in base URL %r" % value) from None
+        raise ValueError("bad port in base URL %r" % shown_base(value)) from None
     netloc = "[%s]" % host if ":" in host else host
     if port and not ((scheme == "https" and port == 443) or (scheme == "http" and port == 80)):
         netloc += ":%d" % port
@@ -5298,7 +5308,7 @@ def parse_args(argv):
         elif arg in ("-h", "--help"):
             options["help"] = True
         else:
-            raise UsageError("unknown or incomplete argument: %s" % arg)
+            raise UsageError("unknown or incomplete argument: %s" % shown_base(arg))
     return options
 
 

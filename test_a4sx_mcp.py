@@ -1879,6 +1879,23 @@ def test_bad_base_from_env_exits_2(monkeypatch):
     assert done.returncode == 2 and "refusing plain http" in done.stderr
 
 
+def test_a_bad_base_never_echoes_its_user_and_password():
+    """Issue 28 review: a base URL's userinfo (``user:password@``) is left out of every refusal, from
+    --base, $A4SX_BASE or a mistyped flag, on stderr (and stdout stays empty)."""
+    password = "pw" + secrets.token_hex(8)
+    bad = ("https://me:%s@host:99999" % password, "http://me:%s@" % password, "me:%s@host:port" % password,
+           "https://me:%s/x@host:99999" % password, "https://me:%s@ho st" % password,
+           "http://me:%s@example.com" % password)
+    for base in bad:
+        for argv, environ in ((["--base", base], {}), (["--base=" + base], {}), ([], {"A4SX_BASE": base}),
+                              (["--bsae=" + base], {})):
+            done = subprocess.run([sys.executable, SERVER] + argv, capture_output=True, text=True, timeout=20,
+                                  stdin=subprocess.DEVNULL, env=dict(os.environ, **environ))
+            assert done.returncode == 2 and done.stdout == "", (argv, environ, done.stderr)
+            assert "a4sx-mcp: " in done.stderr and password not in done.stderr, (argv, environ, done.stderr)
+            assert "***@" in done.stderr or "refusing plain http to example.com" in done.stderr, done.stderr
+
+
 def test_version_and_help_and_unknown_flag():
     done = subprocess.run([sys.executable, SERVER, "--version"], capture_output=True, text=True, timeout=20)
     with open(SERVER, "rb") as f:
