@@ -344,9 +344,9 @@ def config_dir(env):
 
 def _read_json(path, mode=None):
     """A small JSON file (a config file, the SDK's records) as it is, or None: never a FIFO or device
-    (opened without waiting for a writer), at most 16 MiB; with ``mode``, None too when it has a
-    ``_trust_problem``, checked on the descriptor it is read through (so it cannot be swapped in
-    between)."""
+    (opened without waiting for a writer), at most 16 MiB. With ``mode`` (a file that chooses the
+    server), one that is there but is no regular file or has a ``_trust_problem``, checked on the
+    descriptor it is read through (so it cannot be swapped in between), raises ``ConfigUntrusted``."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError:
@@ -354,8 +354,12 @@ def _read_json(path, mode=None):
     with os.fdopen(fd, "rb") as f:
         try:
             status = os.fstat(fd)
-            if not stat.S_ISREG(status.st_mode) or (mode and os.name == "posix"
-                                                     and _trust_problem(path, status, mode)):
+            problem = mode and os.name == "posix" and _trust_problem(path, status, mode)
+            if mode and not stat.S_ISREG(status.st_mode):
+                problem = say("%s is not a regular file: remove it, or run `uvx a4sx login` again", local_line(path))
+            if problem:
+                raise ConfigUntrusted(problem)
+            if not stat.S_ISREG(status.st_mode):
                 return None
             return json.loads(f.read(16 * MiB + 1).decode("utf-8"))
         except (OSError, ValueError):
@@ -374,15 +378,15 @@ def path_problem(path, mode):
 
 
 def _read_config(path):
-    """A config file that names a server (``config.json``, ``amdx.json``), or None: one with a
-    ``_trust_problem`` is ignored like an absent one, since it would choose where a token goes
-    (``--check`` reports the problem)."""
+    """A config file that names a server (``config.json``, ``amdx.json``), or None when there is none
+    (or it is no JSON). One with a ``_trust_problem`` would choose where a token goes: it raises
+    ``ConfigUntrusted``, and is never passed over for the next file or the public server."""
     return _read_json(path, "600")
 
 
 def _stored_base(folder):
     """``(base, file name)`` of the stored server: ``config.json`` (the CLI), else ``amdx.json`` (the
-    older standalone script); ``(None, None)``."""
+    older standalone script); ``(None, None)``. Raises ``ConfigUntrusted`` (``_read_config``)."""
     for name in ("config.json", "amdx.json"):
         data = _read_config(os.path.join(folder, name))
         if isinstance(data, dict):
@@ -392,11 +396,15 @@ def _stored_base(folder):
 
 def resolve_base(flag=None, env=None):
     """``(origin, source)``: ``--base``, else ``$A4SX_BASE``, else the stored sign-in's server, else
-    the public server. Raises ``ValueError`` for a base that must not be used."""
+    the public server. Raises ``ValueError`` for a base that must not be used, ``ConfigUntrusted``
+    for a stored sign-in's file another user could have written."""
     env = environment() if env is None else env
-    for value, source in ((flag, "--base"), (env["A4SX_BASE"], "A4SX_BASE"), _stored_base(config_dir(env))):
+    for value, source in ((flag, "--base"), (env["A4SX_BASE"], "A4SX_BASE")):
         if isinstance(value, str) and value.strip():
             return normalize_base(value), source
+    value, source = _stored_base(config_dir(env))  # read only when neither chose (it may be refused)
+    if isinstance(value, str) and value.strip():
+        return normalize_base(value), source
     return PUBLIC_BASE, "default"
 
 
@@ -488,7 +496,10 @@ def _legacy_origin(folder):
     path = os.path.join(folder, "amdx.json")
     if not os.path.lexists(path):
         return PUBLIC_BASE
-    data = _read_config(path)
+    try:
+        data = _read_config(path)
+    except ConfigUntrusted:
+        return None
     base = data.get("base") if isinstance(data, dict) else False
     if base is None or base == "":
         return PUBLIC_BASE
@@ -506,7 +517,11 @@ class Settings:
     def __init__(self, base_flag=None):
         env = environment()  # not kept: it holds $A4SX_SESSION
         self.config_dir = config_dir(env)
-        self.base, self.base_source = resolve_base(base_flag, env)
+        try:
+            self.base, self.base_source = resolve_base(base_flag, env)
+            self.refused = None
+        except ConfigUntrusted as err:  # no server is chosen: Api.send and find_token refuse, naming why
+            self.base, self.base_source, self.refused = "https://config-refused.invalid", "refused", err.args[0]
         self.per_min = _int_setting(env, "A4SX_MCP_PER_MIN", 240)
         self.acquire_per_min = _int_setting(env, "A4SX_MCP_ACQUIRE_PER_MIN", 20)
         self.publish_per_min = _int_setting(env, "A4SX_MCP_PUBLISH_PER_MIN", 10)
@@ -531,6 +546,8 @@ class Settings:
         not ``$A4SX_BASE``), then ``credentials.json``, then the standalone script's ``session``
         file for the server it was issued by.
         """
+        if self.refused:
+            raise ConfigUntrusted(self.refused)
         origin, env = self.base, environment()
         if env["A4SX_SESSION"]:
             try:
@@ -746,7 +763,10 @@ class Api:
     def send(self, name, params=None, *, data=None, headers=None, deadline_s=None, cancel=None):
         """One request of route ``name``: ``params`` fill the path template, the rest is the query.
         Returns ``(status, parsed JSON body or {})``; an unfollowed redirect comes back as its 3xx.
-        Raises ``SignedOut`` (token route, no token) or ``NetworkError`` (no usable answer)."""
+        Raises ``SignedOut`` (token route, no token), ``NetworkError`` (no usable answer) or
+        ``ConfigUntrusted`` (the sign-in's files chose no server: ``Settings.refused``)."""
+        if self.settings.refused:
+            raise ConfigUntrusted(self.settings.refused)
         route = ROUTES[name]
         token = self.settings.find_token()[0] if route.token else None
         if route.token and not token:
@@ -5190,14 +5210,15 @@ def run_check(settings):
     source = {"--base": "the --base flag", "A4SX_BASE": "$A4SX_BASE",
               "config.json": "the server you signed in to last (%s)" % os.path.join(settings.config_dir, "config.json"),
               "amdx.json": "%s, written by the standalone a4sx script" % os.path.join(settings.config_dir, "amdx.json"),
-              "default": "the default"}[settings.base_source]
-    out.append("server:     %s (from %s)" % (settings.base, source))
+              "default": "the default", "refused": ""}[settings.base_source]
+    out.append("server:     %s" % ("none: the file that names it is refused, and nothing is sent until it is fixed"
+                                   if settings.refused else "%s (from %s)" % (settings.base, source)))
     line, fix, signed_in = sign_in_status(settings)
     out.append("sign-in:    " + line)
     fixes += fix
     for name in ("config.json", "amdx.json"):
         problem = path_problem(os.path.join(settings.config_dir, name), "600")
-        if problem:
+        if problem and problem != settings.refused:
             fixes.append("%s (it is ignored until then)" % problem)
     out.append("tls:        %s" % ("trusts " + trust_store() if settings.base.startswith("https:")
                                    else "not used (plain http, allowed to this machine only)"))
@@ -5210,10 +5231,10 @@ def run_check(settings):
         answers = status == 200
         out.append("answers:    %s" % ("yes (/healthz, server version %s)" % one_line(_str(version), 40)
                                        if answers else "no (/healthz answered HTTP %d)" % status))
-    except NetworkError as err:
+    except (NetworkError, ConfigUntrusted) as err:
         answers = False
-        out.append("answers:    no (%s)" % err)
-    if not answers:
+        out.append("answers:    %s" % ("not asked" if settings.refused else "no (%s)" % err))
+    if not answers and not settings.refused:
         fixes.append("check the server address (--base / A4SX_BASE) and your network connection")
     if signed_in and answers:
         try:
@@ -5340,6 +5361,9 @@ def main(argv=None):
     _log_threshold = LOG_LEVELS[settings.log_level]
     if options["check"]:
         return run_check(settings)
+    if settings.refused:  # started anyway: each call that needs the server says the same
+        sys.stderr.write("a4sx-mcp: no a4sx server is used until this is fixed: %s\n" % settings.refused)
+        sys.stderr.flush()
     if sys.stdin and sys.stdin.isatty():  # started by hand: say why it waits, on stderr (never stdout)
         sys.stderr.write("a4sx-mcp speaks MCP on stdin/stdout; start it from an MCP client (see README) "
                          "or run --check\n")

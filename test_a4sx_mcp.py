@@ -2044,12 +2044,14 @@ def test_a_token_stored_for_another_server_is_never_sent(mcp, stub, env):
 @pytest.mark.skipif(os.name != "posix", reason="FIFOs and modes are POSIX")
 def test_a_config_file_is_checked_on_the_descriptor_it_is_read_through(env):
     """``_read_config`` (issue 16 walk A): the file that chooses the server is opened once and its
-    checks run on that descriptor: a FIFO is ignored without waiting for a writer, a file another
-    user could write is ignored, a symlink to a private file is read."""
+    checks run on that descriptor: a FIFO is refused without waiting for a writer, a file another
+    user could write is refused (issue 28: never passed over for the public server), a symlink to a
+    private file is read."""
     config = env["cfg"] / "config.json"
     os.mkfifo(str(config))
     started = time.monotonic()
-    assert a4sx_mcp.resolve_base(None) == (a4sx_mcp.PUBLIC_BASE, "default")
+    with pytest.raises(a4sx_mcp.ConfigUntrusted, match="config.json is not a regular file"):
+        a4sx_mcp.resolve_base(None)
     assert time.monotonic() - started < 5
     config.unlink()
     target = env["cfg"] / "real-config.json"
@@ -2058,7 +2060,8 @@ def test_a_config_file_is_checked_on_the_descriptor_it_is_read_through(env):
     config.symlink_to(target)
     assert a4sx_mcp.resolve_base(None) == ("https://linked.example", "config.json")
     target.chmod(0o620)
-    assert a4sx_mcp.resolve_base(None) == (a4sx_mcp.PUBLIC_BASE, "default")
+    with pytest.raises(a4sx_mcp.ConfigUntrusted, match="config.json is writable by group or others"):
+        a4sx_mcp.resolve_base(None)
 
 
 def test_config_files_that_choose_the_server_are_trusted_like_the_token_files(env):
@@ -2077,9 +2080,48 @@ def test_config_files_that_choose_the_server_are_trusted_like_the_token_files(en
     (env["cfg"] / "config.json").write_text(json.dumps({"base": "https://chosen.example"}))
     for mode, chosen in ((0o600, True), (0o644, True), (0o620, False), (0o602, False)):
         os.chmod(env["cfg"] / "config.json", mode)
-        assert (a4sx_mcp.resolve_base() == ("https://chosen.example", "config.json")) is chosen, oct(mode)
-    done = run_check("http://127.0.0.1:9")
+        if chosen:
+            assert a4sx_mcp.resolve_base() == ("https://chosen.example", "config.json"), oct(mode)
+        else:
+            with pytest.raises(a4sx_mcp.ConfigUntrusted, match="config.json is writable by group or others"):
+                a4sx_mcp.resolve_base()
+    done = run_check("http://127.0.0.1:9")  # --base chooses: config.json is not needed, only reported
     assert "config.json is writable by group or others" in done.stdout and "ignored until then" in done.stdout
+
+
+@pytest.mark.skipif(os.name != "posix", reason="modes are POSIX")
+def test_an_untrusted_config_json_is_refused_loudly_never_passed_over(stub, env):
+    """Issue 28 review: a config.json another user could write was ignored like an absent one, so
+    amdx.json (or the public server) silently chose where the token went; only --check said so. Now
+    stderr says it at start, every call that needs the server answers config_untrusted naming the file,
+    nothing is sent, and --check says no server is used."""
+    stub.tokens.add(sign_in(env, stub.base))
+    (env["cfg"] / "amdx.json").write_text(json.dumps({"base": stub.base}))  # the next file: trusted
+    os.chmod(str(env["cfg"] / "amdx.json"), 0o600)
+    config = env["cfg"] / "config.json"
+    config.write_text(json.dumps({"base": "https://chosen.example"}))
+    os.chmod(str(config), 0o620)
+    proc = McpProcess()  # no --base: the stored sign-in chooses
+    try:
+        assert "result" in proc.initialize()
+        for arguments in ({"scope": "library"}, {"query": "anything"}):
+            refused, text, is_error = proc.tool("search_sessions", arguments)
+            assert is_error and refused["error"] == "config_untrusted", refused
+            assert "config.json is writable by group or others" in text and "Nothing was sent" in text, text
+        deadline = time.monotonic() + 10
+        while "config.json" not in "".join(proc.stderr) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "no a4sx server is used until this is fixed" in "".join(proc.stderr), proc.stderr
+        assert "config.json is writable by group or others" in "".join(proc.stderr), proc.stderr
+    finally:
+        proc.proc.kill()
+        proc.proc.wait()
+    assert stub.requests() == []
+    done = run_check(None)
+    assert done.returncode == 1 and "server:     none" in done.stdout and "answers:    not asked" in done.stdout
+    assert done.stdout.count("config.json is writable by group or others") == 1, done.stdout
+    os.chmod(str(config), 0o600)  # fixed: it chooses again
+    assert a4sx_mcp.resolve_base() == ("https://chosen.example", "config.json")
 
 
 def test_env_token_only_for_its_own_origin(spawn, stub, monkeypatch):
