@@ -532,7 +532,14 @@ class Settings:
         self.session_roots = session_roots(env)
         self.started_at = time.time()
         self.claude_session_id = env["CLAUDE_CODE_SESSION_ID"]
-        self.project_dir = env["CLAUDE_PROJECT_DIR"] or _working_dir()
+        project = env["CLAUDE_PROJECT_DIR"]
+        # Claude Code sets a full path. A relative one would be this process's working directory, which
+        # the client chooses ("." in a server started in / named the sessions recorded in /): refused,
+        # so no session is this project's (of_this_project) and main and --check say why.
+        self.project_refused = None if not project or os.path.isabs(project) else say(
+            "$CLAUDE_PROJECT_DIR is %s, not a full path, so no session is this project's: set it to the project's "
+            "full path, or leave it out (the working directory is then used)", local_line(project))
+        self.project_dir = "" if self.project_refused else project or _working_dir()
         self.all_projects = env["A4SX_MCP_ALL_PROJECTS"].lower() in ("1", "true", "yes")
         level = env["A4SX_MCP_LOG"].lower()
         self.log_level = level if level in LOG_LEVELS else "warning"
@@ -2554,6 +2561,8 @@ def find_session(settings, wanted, meta, cancel):
             raise NoSession(say("No Claude Code or Codex CLI session with this id is recorded on this machine."),
                             project_sessions(settings, sessions))
         mine = found if settings.all_projects else [s for s in found if of_this_project(settings, s)]
+        if not mine and settings.project_refused:
+            raise ToolError("other_project", say("%s. Nothing was sent.", settings.project_refused))
         if not mine:
             raise ToolError("other_project", say("This session was recorded in another project than the one this "
                                                  "server runs in ($CLAUDE_PROJECT_DIR, else its working directory). "
@@ -5271,6 +5280,9 @@ def run_check(settings):
         else "$CLAUDE_CODE_SESSION_ID names no session file here" if settings.claude_session_id
         else "decided per call, from what the client sends (Claude Code: the call's tool use id; Codex CLI: its "
              "session id)"))
+    out.append("project:    %s" % ("none (see the fix below)" if settings.project_refused else settings.project_dir))
+    if settings.project_refused:
+        fixes.append(settings.project_refused)
     out += what_it_reads(environment())
     out.append("log level:  %s (stderr)" % settings.log_level)
     out.append("")
@@ -5363,7 +5375,9 @@ def main(argv=None):
         return run_check(settings)
     if settings.refused:  # started anyway: each call that needs the server says the same
         sys.stderr.write("a4sx-mcp: no a4sx server is used until this is fixed: %s\n" % settings.refused)
-        sys.stderr.flush()
+    if settings.project_refused:  # started anyway: publish_local_session says the same
+        sys.stderr.write("a4sx-mcp: %s\n" % settings.project_refused)
+    sys.stderr.flush()
     if sys.stdin and sys.stdin.isatty():  # started by hand: say why it waits, on stderr (never stdout)
         sys.stderr.write("a4sx-mcp speaks MCP on stdin/stdout; start it from an MCP client (see README) "
                          "or run --check\n")

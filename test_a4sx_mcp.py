@@ -5627,6 +5627,80 @@ def test_local_session_of_another_project_is_refused_unless_the_user_allows_it(s
     assert len(stub.pushes) == len(mine) + len(others)
 
 
+def test_a_relative_claude_project_dir_is_refused_loudly(spawn, stub, token, env):
+    """Issue 28: ``CLAUDE_PROJECT_DIR=.`` made ``/`` the project (Claude Code's folder ``-``), so a
+    session started in ``/`` was saved while the project's own were refused. A relative value is refused
+    at start (stderr, --check): no session is this project's, and the refusal says why; nothing is sent."""
+    rooted = [claude_session(env, [claude_record("user", "started in /")], folder="-")[0]]
+    codex_id = str(uuid.uuid4())
+    records = codex_records(codex_id)
+    records[0]["payload"]["cwd"] = "."
+    rooted.append(codex_rollout(env, records, session_id=codex_id)[0])
+    own = claude_session(env, [claude_record("user", "the project's own")])[0]  # /tmp/project's
+    for relative in (".", "tmp/project", "./", "~/project"):
+        proc = spawn(extra_env={"CLAUDE_PROJECT_DIR": relative})
+        for sid in rooted + [own]:
+            refused, text, is_error = local_save(proc, {"session": sid})
+            assert is_error and refused["error"] == "other_project", (relative, sid, refused)
+            assert "$CLAUDE_PROJECT_DIR is %s, not a full path" % relative in text and "Nothing was sent." in text
+        proc.close()
+        assert "$CLAUDE_PROJECT_DIR is %s, not a full path" % relative in "".join(proc.stderr), proc.stderr
+    assert stub.requests("POST") == []
+    done = run_check(stub.base, {"CLAUDE_PROJECT_DIR": "."})
+    assert done.returncode == 1 and "project:    none (see the fix below)" in done.stdout, done.stdout
+    assert "to fix: $CLAUDE_PROJECT_DIR is ., not a full path" in done.stdout, done.stdout
+    assert "project:    /tmp/project\n" in run_check(stub.base).stdout
+    saved, _, is_error = local_save(spawn(), {"session": own})  # the full path: the project's own is saved
+    assert not is_error and saved["local_session"]["id"] == own, saved
+
+
+def test_a_codex_rollout_of_a_sibling_folder_or_without_a_readable_cwd_is_another_projects(spawn, stub, token, env):
+    """of_this_project compares a rollout's recorded cwd with the project as whole paths: a sibling
+    folder whose path begins with the project's (/tmp/proj-other, /tmp/projX), a subfolder, and a
+    rollout whose cwd is missing, not a string, empty, or whose first record is no readable session_meta
+    are another project's (refused other_project, nothing sent); the project's own is saved."""
+    project = "/tmp/proj"
+    cwds = {"sibling": "/tmp/proj-other", "prefix": "/tmp/projX", "below": "/tmp/proj/sub", "empty": "",
+            "number": 7, "null": None, "list": ["/tmp/proj"]}
+    others = []
+    for name, cwd in cwds.items():
+        sid = str(uuid.uuid4())
+        records = codex_records(sid)
+        records[0]["payload"]["cwd"] = cwd
+        others.append((name, codex_rollout(env, records, session_id=sid)[0]))
+    sid = str(uuid.uuid4())
+    records = codex_records(sid)
+    del records[0]["payload"]["cwd"]
+    others.append(("missing", codex_rollout(env, records, session_id=sid)[0]))
+    sid = str(uuid.uuid4())
+    records = codex_records(sid)
+    records[0]["payload"]["cwd"] = project
+    _, path = codex_rollout(env, records, session_id=sid)
+    path.write_bytes(b'{"timestamp": "2026-12-02T06:00:00.000Z", "type": \n' + path.read_bytes())
+    others.append(("first line no JSON", sid))
+    sid = str(uuid.uuid4())
+    records = codex_records(sid)
+    records[0]["payload"]["cwd"] = project
+    records[0]["type"] = "turn_context"  # not the session_meta a rollout begins with
+    others.append(("not session_meta", codex_rollout(env, records, session_id=sid)[0]))
+    sid = str(uuid.uuid4())
+    records = codex_records(sid)
+    records[0]["payload"]["cwd"] = project
+    records[0]["payload"]["base_instructions"] = {"text": "x" * (70 * 1024)}  # past the 64 KiB first line read
+    others.append(("first line too long", codex_rollout(env, records, session_id=sid)[0]))
+    mine = str(uuid.uuid4())
+    records = codex_records(mine)
+    records[0]["payload"]["cwd"] = project + "/"
+    codex_rollout(env, records, session_id=mine)
+    proc = spawn(extra_env={"CLAUDE_PROJECT_DIR": project, "A4SX_MCP_PUBLISH_PER_MIN": "0"})
+    for name, sid in others:
+        refused, text, is_error = local_save(proc, {"session": sid})
+        assert is_error and refused["error"] == "other_project", (name, refused)
+    assert stub.requests() == []
+    saved, _, is_error = local_save(proc, {"session": mine})
+    assert not is_error and saved["local_session"]["id"] == mine, saved
+
+
 def codex_call(call_id, stamp="2026-12-02T06:00:01.000Z"):
     """The function_call item Codex CLI writes into its rollout before it calls the tool."""
     return {"timestamp": stamp, "type": "response_item", "ordinal": 9, "metadata": {"history_sequence": 3},
