@@ -2645,10 +2645,12 @@ def _image_note(media_type, encoded, tally):
 
 
 def _without_image(value, tally):
-    """What stands in for ``value`` when it is an image (a text block or item of its harness's own
-    kind, or a text for a bare data URL), else None. Only pure base64 data counts: text that could
-    hold this server's framing (spaces, ``<``) is never inside what is replaced, so the taint check,
-    which sees the replaced bytes, misses nothing."""
+    """What stands in for ``value`` when it is or holds an image's base64 data, else None: a bare data
+    URL becomes the note; an image block (Claude Code's ``image`` with a base64 ``source``, Codex's
+    ``input_image``) stays as it is, every other key and text in it kept, with only its data string
+    (``source.data``, ``image_url``) replaced by the note. Only pure base64 counts: text that could
+    hold this server's framing (spaces, ``<``) is never replaced, so the taint check, which sees the
+    replaced bytes, misses nothing."""
     if isinstance(value, str):
         url = _DATA_URL.match(value) if value.startswith("data:image/") else None
         return _image_note(url.group(1), url.group(2), tally) if url else None
@@ -2659,20 +2661,21 @@ def _without_image(value, tally):
         data, media = source.get("data"), source.get("media_type")
         if isinstance(data, str) and _BASE64.match(data):
             media = media if isinstance(media, str) and _MEDIA_TYPE.match(media) else "image"
-            return {"type": "text", "text": _image_note(media, data, tally)}
+            return dict(value, source=dict(source, data=_image_note(media, data, tally)))
     url = value.get("image_url")
     if value.get("type") == "input_image" and isinstance(url, str):
         note = _without_image(url, tally)
-        return {"type": "input_text", "text": note} if note else None
+        return dict(value, image_url=note) if note else None
     return None
 
 
 def without_images(data):
     """``(bytes, {"choice": "placeholder", "replaced": N, "bytes_removed": B})``: the session's bytes
-    with each image's base64 data replaced by a placeholder naming its media type and decoded size
-    (the base64 alphabet holds no framing, so the taint check misses nothing). Line by line, each parsed
-    within ``line_room`` (claim 16); a line without image data (or not parsed: too large, not UTF-8,
-    not JSON, which check_transcript then refuses) is kept byte for byte."""
+    with each image's base64 data string replaced by a placeholder naming its media type and decoded
+    size, the rest of its block kept (the base64 alphabet holds no framing, so the taint check misses
+    nothing). Line by line, each parsed within ``line_room`` (claim 16); a line without image data (or
+    not parsed: too large, not UTF-8, not JSON, which check_transcript then refuses) is kept byte for
+    byte."""
     tally = {"replaced": 0}
     room, pieces, view = line_room(len(data)), [], memoryview(data)
     start = 0

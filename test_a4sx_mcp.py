@@ -5759,24 +5759,30 @@ def image_session(env, tmp_path, name):
     return sid, data, {"CLAUDE_CONFIG_DIR": str(tmp_path / "claude-config"), "CLAUDE_PROJECT_DIR": "/tmp/imgs1/cc/work"}
 
 
+PNG_DATA = b"iVBORw0KGgo"  # how the base64 of every PNG begins: image data is still in the bytes
+
+
 def _placeholder_of(block):
-    """The test's own reading of an image block: what stands in for it, or None (not an image)."""
+    """The test's own reading of an image block: what stands in for it (the block, its data string
+    replaced by the note), or None (not an image)."""
     if block.get("type") == "image" and (block.get("source") or {}).get("type") == "base64":
         media, size = block["source"]["media_type"], len(base64.b64decode(block["source"]["data"]))
-        return {"type": "text", "text": "[image omitted by a4sx-mcp: %s, %d bytes]" % (media, size)}
+        note = "[image omitted by a4sx-mcp: %s, %d bytes]" % (media, size)
+        return dict(block, source=dict(block["source"], data=note))
     if block.get("type") == "input_image":
         media, data = block["image_url"][len("data:"):].split(";base64,")
         size = len(base64.b64decode(data))
-        return {"type": "input_text", "text": "[image omitted by a4sx-mcp: %s, %d bytes]" % (media, size)}
+        return dict(block, image_url="[image omitted by a4sx-mcp: %s, %d bytes]" % (media, size))
     return None
 
 
 @pytest.mark.parametrize("name", sorted(IMAGE_CASES))
 def test_local_session_saved_without_images_when_the_user_asks(spawn, stub, token, env, tmp_path, name):
-    """images=placeholder (the user's choice): every image's base64 data (Claude Code: the message and its
-    api-request-blob copy; Codex: the input_image data URL) becomes a text block naming its media type
-    and decoded size; the transcript still passes the check, its other lines are uploaded byte for byte
-    as the scrub leaves them, the result counts what was replaced, and it loads back with the notes."""
+    """images=placeholder (the user's choice): every image's base64 data string (Claude Code: the
+    message's and its api-request-blob copy's source.data; Codex: the input_image data URL) becomes a
+    note naming its media type and decoded size, the rest of each block kept; the transcript still
+    passes the check, its other lines are uploaded byte for byte as the scrub leaves them, and the
+    result counts what was replaced."""
     sid, data, extra = image_session(env, tmp_path, name)
     expected, replaced = [], 0
     for line in data.split(b"\n"):
@@ -5793,19 +5799,17 @@ def test_local_session_saved_without_images_when_the_user_asks(spawn, stub, toke
                     content[i], replaced = note, replaced + 1
         expected.append(json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
     expected = b"\n".join(expected)
-    assert replaced == IMAGE_CASES[name] and b"base64" not in expected
+    assert replaced == IMAGE_CASES[name] and PNG_DATA not in expected
     proc = spawn(extra_env=extra)
     saved, _, is_error = local_save(proc, {"session": sid, "images": "placeholder"})
     assert not is_error, saved
     assert saved["local_session"]["images"] == {"choice": "placeholder", "replaced": replaced,
                                                 "bytes_removed": len(data) - len(expected)}, saved
     body = stub.pushes[-1]["body"]
-    assert body == a4sx_scrubbed(expected) and b"base64" not in body
+    assert body == a4sx_scrubbed(expected) and PNG_DATA not in body
+    assert body.count(b"[image omitted by a4sx-mcp: image/png, 268 bytes]") == replaced
     kept = [a for a, b in zip(a4sx_scrubbed(data).split(b"\n"), body.split(b"\n")) if a == b]
     assert len(kept) == data.count(b"\n") + 1 - sum(b"base64" in line for line in data.split(b"\n"))
-    if name.startswith("claude"):  # loaded back: the note where the image was
-        loaded, _, is_error = proc.tool("fetch_session_context", {"id": saved["library_id"]})
-        assert not is_error and "[image omitted by a4sx-mcp: image/png, 268 bytes]" in loaded["context"], loaded
     assert len(stub.pushes) == 1
 
 
@@ -5821,10 +5825,88 @@ def test_local_session_keeps_images_by_default(spawn, stub, token, env, tmp_path
     assert stub.requests() == []
     saved, _, is_error = local_save(proc, {"session": sid})
     assert not is_error and saved["local_session"]["images"] == {"choice": "keep"}, saved
-    assert stub.pushes[-1]["body"] == a4sx_scrubbed(data) and b"base64" in stub.pushes[-1]["body"]
+    assert stub.pushes[-1]["body"] == a4sx_scrubbed(data) and PNG_DATA in stub.pushes[-1]["body"]
     left_out, _, is_error = local_save(proc, {"session": sid, "images": "placeholder"})
     assert not is_error and left_out["local_session"]["images"]["replaced"] == IMAGE_CASES[name], left_out
-    assert len(stub.pushes) == 2 and b"base64" not in stub.pushes[-1]["body"]
+    assert len(stub.pushes) == 2 and PNG_DATA not in stub.pushes[-1]["body"]
+
+
+def framing_text():
+    """This server's envelope around another author's session, as a harness stores it in a transcript
+    (its BEGIN line with a nonce and its CAUTION sentence): what the taint rule looks for."""
+    return "<<<%s nonce=%s>>>\n%s\n" % (a4sx_mcp.BEGIN_MARK, secrets.token_hex(a4sx_mcp.NONCE_BYTES),
+                                         a4sx_mcp.OTHER_AUTHOR_CAUTION)
+
+
+def _image_blocks(value):
+    """Every image block (Claude Code's or Codex's) in a decoded record."""
+    stack, found = [value], []
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            found += [item] if item.get("type") in ("image", "input_image") else []
+            stack += list(item.values())
+        elif isinstance(item, list):
+            stack += item
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(IMAGE_CASES))
+def test_the_placeholder_replaces_only_the_image_data_and_keeps_the_text_of_its_block(
+        spawn, stub, token, env, tmp_path, name):
+    """Issue 28: images=placeholder replaced a whole image block, so this server's framed text held in
+    the same block (another key of it) left with it and the save was trusted (with keep: untrusted).
+    Only the base64 string goes: the block's other text is uploaded, and the taint rule sees it."""
+    sid, data, extra = image_session(env, tmp_path, name)
+    path, = tmp_path.rglob("*%s.jsonl" % sid)  # where image_session laid it out
+    framing, lines = framing_text(), data.split(b"\n")
+    for i, line in enumerate(lines):
+        record = json.loads(line) if b"base64" in line else None
+        for block in _image_blocks(record):
+            block["title"] = framing  # beside the data, in the image block itself
+            lines[i] = json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    path.write_bytes(b"\n".join(lines))
+    assert lines != data.split(b"\n") and not a4sx_mcp.carries_other_authors_framing(data)
+    proc = spawn(extra_env=extra)
+    saved, _, is_error = local_save(proc, {"session": sid, "images": "placeholder"})
+    assert not is_error and saved["local_session"]["images"]["replaced"] == IMAGE_CASES[name], saved
+    body = stub.pushes[-1]["body"]
+    assert PNG_DATA not in body and a4sx_mcp.OTHER_AUTHOR_CAUTION.encode() in body
+    assert saved["untrusted"] is True, saved
+    kept, _, is_error = local_save(proc, {"session": sid, "images": "keep"})
+    assert not is_error and kept["untrusted"] is True and PNG_DATA in stub.pushes[-1]["body"], kept
+
+
+def test_the_placeholder_replaces_pure_base64_only_however_it_is_spelled(spawn, stub, token, env):
+    """The edges of ``_without_image`` (claim 8's taint check sees the replaced bytes): image data that
+    is not pure base64 (framing after base64 in source.data, or after a data URL's base64 in a text) is
+    kept, so the save is untrusted; base64 spelled with JSON escapes (the word ``base64``, the data's
+    ``/``) is still replaced, and framing whose ``<`` is an escape inside image data is kept and seen."""
+    png = base64.b64encode(bytes(range(256)) * 2).decode()
+    assert "/" in png and "+" in png
+
+    def image(data):
+        return {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}
+
+    not_base64 = claude_session(env, [claude_record("user", [image(png + framing_text())])])[0]
+    url_then_text = claude_session(env, [claude_record("user", [
+        {"type": "text", "text": "data:image/png;base64," + png + framing_text()}])])[0]
+    escaped_sid, escaped = claude_session(env, [claude_record("user", [image(png)])])
+    raw = escaped.read_bytes().replace(b'"base64"', b'"bas\\u006564"').replace(b"/", b"\\u002f")
+    escaped.write_bytes(raw)
+    assert b"base64" not in raw and b"\\u002f" in raw and json.loads(raw)["message"]["content"][0]["source"]["data"] == png
+    framed_sid, framed = claude_session(env, [claude_record("user", [image(png + framing_text())])])
+    framed.write_bytes(framed.read_bytes().replace(b"<<<", b"\\u003c<<"))
+    assert b"<<<" not in framed.read_bytes()
+    proc = spawn()
+    for sid in (not_base64, url_then_text, framed_sid):
+        saved, _, is_error = local_save(proc, {"session": sid, "images": "placeholder"})
+        assert not is_error and saved["local_session"]["images"]["replaced"] == 0, saved
+        assert saved["untrusted"] is True and png.encode() in stub.pushes[-1]["body"].replace(b"\\u002f", b"/")
+    saved, _, is_error = local_save(proc, {"session": escaped_sid, "images": "placeholder"})
+    assert not is_error and saved["local_session"]["images"]["replaced"] == 1 and saved["untrusted"] is False, saved
+    assert b"[image omitted by a4sx-mcp: image/png, 512 bytes]" in stub.pushes[-1]["body"]
+    assert png[:40].encode() not in stub.pushes[-1]["body"] and b'"media_type":"image/png"' in stub.pushes[-1]["body"]
 
 
 def test_local_session_files_that_are_not_the_agents_own_are_never_read(spawn, stub, token, env, tmp_path):
@@ -6069,7 +6151,7 @@ def test_a_save_in_flight_is_not_joined_by_one_with_the_other_images_choice(spaw
     assert left_out["save_id"] != kept["save_id"] and same["save_id"] == kept["save_id"]
     done = [finish_save(proc, answer["save_id"])[0] for answer in (kept, left_out)]
     assert [d["local_session"]["images"]["choice"] for d in done] == ["keep", "placeholder"], done
-    assert len(stub.pushes) == 2 and sorted(b"base64" in p["body"] for p in stub.pushes) == [False, True]
+    assert len(stub.pushes) == 2 and sorted(PNG_DATA in p["body"] for p in stub.pushes) == [False, True]
 
 
 def test_cancelling_the_first_call_stops_the_save_but_a_status_call_does_not(spawn, stub, token, env):
