@@ -630,14 +630,16 @@ MAX_REDIRECTS = 3
 REDIRECT_STATUSES = (301, 302, 303, 307, 308)
 # The shape check: the most json.loads allocates per structural byte on 64-bit CPython (a dict 136,
 # which with its first key's slot, 192, covers a one-key dict, its keys table and the pointer to it; a
-# list 72, a string's header and pointer 2 x 30, a number and its pointer 40, a dict slot 56), measured
-# with tracemalloc on the worst shapes ([{},{},...], [{"k0000001":1000},...], [1000,...], {"k1":1,...}).
+# list 120: its object 56, the four slots its first item gets 32, and that item when it is a number,
+# which no comma pays for, 32; a string's header and pointer 2 x 30, a number and its pointer 40, a
+# dict slot 56), measured with tracemalloc on the worst shapes ([{},{},...], [{"k0000001":1000},...],
+# [1000,...], {"k1":1,...}, one-item lists nested or not: [[[1]]], [-7], [[1.5]]).
 # Beside that structure, the decoded text and the strings' contents are counted (``strings_bound``:
 # at the text's width, 1, 2 or 4 bytes a character, or 4 when \u escapes could widen a string). An answer
 # whose estimate exceeds PARSE_BUDGET x its bytes is refused, so no answer makes memory grow more
 # than PARSE_BUDGET x its own size. Real listings estimate ~8x (ASCII) to ~14x (one emoji makes the
 # whole text 4 bytes a character); [{},{},...] estimates 60x.
-PARSE_COST = ((b"{", 136), (b"[", 72), (b'"', 30), (b",", 40), (b":", 56))
+PARSE_COST = ((b"{", 136), (b"[", 120), (b'"', 30), (b",", 40), (b":", 56))
 DEAREST_BYTE = max(each for _, each in PARSE_COST)
 PARSE_BUDGET = 16
 _NOT_STRUCTURE = bytes(byte for byte in range(256) if bytes((byte,)) not in b'{[",:')  # all but PARSE_COST's
