@@ -2457,6 +2457,7 @@ def session_parts(session, data, cap, call_id=None):
         parts += [(earlier, carried, False)] if earlier else []
     parts += [(part, owner, True) for part, owner in subagent_files(root, folder, ids)]
     for part, owner, subagent in parts:
+        read = None  # the part before is let go first: one file's bytes at a time (claim 16)
         read = _read_part(part, ids, owner, cap)
         if read is None:
             continue

@@ -6320,6 +6320,133 @@ def test_local_session_subagent_file_that_cannot_be_read_counts_as_framed(spawn,
     assert not is_error and saved["untrusted"] is False and saved["local_session"]["subagents"]["files"] == 1, saved
 
 
+def _subagent_file(env, sid, data, name="agent-a0123456789abcdef.jsonl"):
+    """A 2.1 subagent file of the session ``sid`` (``<folder>/<sid>/subagents/<name>``) holding ``data``."""
+    folder = claude_project(env) / sid / "subagents"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_bytes(data)
+
+
+def unparseable_line(session_id, size=1 << 20):
+    """A record of about ``size`` bytes that parses into ~60x that (a tool result of ``[{},...]``) and
+    holds a JSON escape, so the taint rule must parse it to see its strings: over any room it gets."""
+    line = hostile_session_line("[{},...]", size, session_id)
+    return b'{"note":"\\u00e9",' + line[1:]
+
+
+def test_local_session_subagent_file_with_a_line_too_large_to_parse_counts_as_framed(spawn, stub, token, env):
+    """A subagent file whose line (with an escape, so it must be parsed) would parse over its room is
+    counted as framed (``carries_other_authors_framing``: the line is not read, so it cannot show it
+    holds no framing): untrusted; the same file with that line parseable is trusted."""
+    sid, _ = claude_session(env, [claude_record("user", "run a subagent"), claude_record("assistant", "done")])
+    _subagent_file(env, sid, unparseable_line(sid))
+    other, _ = claude_session(env, [claude_record("user", "run a subagent"), claude_record("assistant", "done")])
+    _subagent_file(env, other, json.dumps(claude_record("user", "\u00e9" * 1000, session_id=other)).encode() + b"\n")
+    proc = spawn()
+    saved, _, is_error = local_save(proc, {"session": sid})
+    assert not is_error and saved["untrusted"] is True and saved["local_session"]["subagents"]["files"] == 1, saved
+    plain, _, is_error = local_save(proc, {"session": other})
+    assert not is_error and plain["untrusted"] is False, plain
+
+
+def test_local_session_subagent_file_over_the_size_cap_counts_as_unreadable(spawn, stub, token, env):
+    """A subagent file larger than A4SX_MCP_MAX_LOCAL_BYTES is not read (``_read_part``): it cannot
+    show it holds no framing, so the save is untrusted and says the file was unreadable; the session
+    file itself, under the cap, is saved. The same subagent file under the cap: trusted."""
+    plain = [claude_record("user", "a plain subagent turn %d %s" % (i, "w " * 100)) for i in range(40)]
+    sid, _ = claude_session(env, [claude_record("user", "run a subagent"), claude_record("assistant", "done")])
+    _subagent_file(env, sid, claude_jsonl([dict(r, sessionId=sid) for r in plain]))
+    big = len(claude_jsonl(plain))
+    assert big > 8000
+    proc = spawn(extra_env={"A4SX_MCP_MAX_LOCAL_BYTES": "8000"})
+    saved, _, is_error = local_save(proc, {"session": sid})
+    assert not is_error and saved["untrusted"] is True, saved
+    assert saved["local_session"]["subagents"] == {"files": 1, "uploaded": False, "unreadable": 1,
+                                                   "holds_the_call": False}, saved
+    other, _ = claude_session(env, [claude_record("user", "run a subagent"), claude_record("assistant", "done")])
+    _subagent_file(env, other, claude_jsonl([dict(r, sessionId=other) for r in plain]))
+    roomy = spawn(extra_env={"A4SX_MCP_MAX_LOCAL_BYTES": str(big + 4096)})
+    under, _, is_error = local_save(roomy, {"session": other})
+    assert not is_error and under["untrusted"] is False and under["local_session"]["subagents"]["unreadable"] == 0
+
+
+def _continued_layout(tmp_path):
+    """testdata's 1.0 continued pair laid out: ``(env, folder, continued file, earlier file)``."""
+    config, folder, mains = cc_layout(tmp_path, "claude-code-1.0.128-continued-framed")
+    continued, = [p for p in mains if p.read_bytes().startswith(b'{"type":"summary"')]
+    earlier, = [p for p in mains if p != continued]
+    return cc_layout_env(config, folder), folder, continued, earlier
+
+
+def test_local_session_continued_file_is_tainted_by_its_earlier_session_s_subagent(spawn, stub, token, env, tmp_path):
+    """A continued file whose earlier session's own file is clean, but whose earlier session's subagent
+    file (2.1's layout: ``<earlier id>/subagents/``) holds the framing: untrusted, and it says which
+    session it continues; before that subagent file was there it was trusted."""
+    extra, folder, continued, earlier = _continued_layout(tmp_path)
+    earlier.write_bytes(claude_jsonl([claude_record("user", "a clean turn", session_id=earlier.stem),
+                                      claude_record("assistant", "a clean answer", session_id=earlier.stem)]))
+    proc = spawn(extra_env=extra)
+    clean, _, is_error = local_save(proc, {"session": continued.stem})
+    assert not is_error and clean["untrusted"] is False and clean["local_session"]["continues"] == earlier.stem, clean
+    framed, = (TESTDATA / "claude-code-2.1.332-subagent").rglob("agent-*.jsonl")
+    assert a4sx_mcp.carries_other_authors_framing(framed.read_bytes())
+    (folder / earlier.stem / "subagents").mkdir(parents=True)
+    shutil.copyfile(str(framed), str(folder / earlier.stem / "subagents" / framed.name))
+    with continued.open("ab") as f:  # a new turn: a new version of the same entry
+        f.write(claude_jsonl([claude_record("user", "one more turn", session_id=earlier.stem)]))
+    saved, _, is_error = local_save(proc, {"session": continued.stem})
+    assert not is_error and saved["untrusted"] is True and saved["local_session"]["continues"] == earlier.stem, saved
+    assert saved["local_session"]["subagents"]["files"] == 1, saved
+
+
+def test_local_session_continued_file_whose_earlier_file_has_a_line_too_large_to_parse(spawn, stub, token, env, tmp_path):
+    """The earlier session's file of a continued file, clean but for a line (with an escape) that would
+    parse over its room: counted as framed, untrusted."""
+    extra, folder, continued, earlier = _continued_layout(tmp_path)
+    earlier.write_bytes(claude_jsonl([claude_record("user", "a clean turn", session_id=earlier.stem)])
+                        + unparseable_line(earlier.stem))
+    proc = spawn(extra_env=extra)
+    saved, _, is_error = local_save(proc, {"session": continued.stem})
+    assert not is_error and saved["untrusted"] is True and saved["local_session"]["continues"] == earlier.stem, saved
+
+
+def test_local_session_continued_file_whose_records_spell_session_id_with_an_escape(spawn, stub, token, env, tmp_path):
+    """The continued file's records spell their ``sessionId`` key with a JSON escape (``session\\u0049d``):
+    the earlier session it carries on is still found (``first_session_id`` reads lines with an escape),
+    and its framed file makes the save untrusted."""
+    extra, folder, continued, earlier = _continued_layout(tmp_path)
+    spelled = continued.read_bytes().replace(b'"sessionId"', b'"session\\u0049d"')
+    assert b'"sessionId"' not in spelled and json.loads(spelled.splitlines()[1])["sessionId"] == earlier.stem
+    continued.write_bytes(spelled)
+    proc = spawn(extra_env=extra)
+    saved, _, is_error = local_save(proc, {"session": continued.stem})
+    assert not is_error and saved["untrusted"] is True and saved["local_session"]["continues"] == earlier.stem, saved
+    assert stub.pushes[-1]["body"] == a4sx_scrubbed(spelled)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_save_stays_within_five_times_the_largest_file_it_reads(spawn, stub, token, env):
+    """Claim 16 counts the largest file a save reads, not the session file: a 389-byte session whose
+    subagent file is 48 MiB (issue 28: 209 MiB peak against "5x the session file + 64 MiB"). Each of its
+    files is read one at a time, each line within the room of its own file's size: the subagent's 20 MiB
+    lines with an escape are parsed (so it is not counted framed: trusted), and the server's peak RSS
+    stays within 5x that 48 MiB + 64 MiB."""
+    sid, path = claude_session(env, [claude_record("user", "run a subagent"), claude_record("assistant", "ok")])
+    path.write_bytes(path.read_bytes()[:389].rsplit(b"\n", 1)[0] + b"\n" if len(path.read_bytes()) > 389
+                     else path.read_bytes())
+    long_line = json.dumps(claude_record("assistant", "x" * (20 << 20) + "\u00e9", session_id=sid)).encode() + b"\n"
+    assert b"\\u00e9" in long_line
+    filler = json.dumps(claude_record("user", "y" * ((48 << 20) - 2 * len(long_line) - 400), session_id=sid)).encode()
+    _subagent_file(env, sid, long_line + long_line + filler + b"\n")
+    largest = (48 << 20)
+    assert abs(len(long_line) * 2 + len(filler) + 1 - largest) < 1024 and len(path.read_bytes()) <= 389
+    proc = spawn()
+    saved, _, is_error = local_save(proc, {"session": sid}, timeout=120)
+    assert not is_error and saved["untrusted"] is False and saved["local_session"]["subagents"]["files"] == 1, saved
+    peak = vm_hwm(proc.proc.pid)
+    assert 5 * len(path.read_bytes()) + (64 << 20) < peak <= 5 * largest + (64 << 20), peak / (1 << 20)
+
+
 @pytest.mark.parametrize("case", ["claude-code-2.0.77-subagent-save", "claude-code-2.1.332-subagent-save"])
 def test_local_session_called_from_a_subagent_saves_its_session_untrusted(spawn, stub, token, env, tmp_path, case):
     """The call's tool use id is in the subagent's file, not the session's: that file is found, and
