@@ -3425,6 +3425,29 @@ def test_redirects_only_for_gets_to_a_route_of_the_same_origin_for_three_hops(mc
     assert_never_bought_and_one_version_per_publish(stub)
 
 
+@pytest.mark.parametrize("status", [307, 308])
+def test_a_3xx_to_a_post_route_that_points_at_a_get_route_s_path_comes_back_after_one_request(
+        mcp, stub, token, status):
+    """A 307 or 308 keeps the method and body, so a POST is never followed, not even to a path of a GET
+    route of the same origin (``Api.send`` follows GETs only): the acquire, ensure and push routes each
+    answer the 3xx as it came, after exactly one request, and nothing is sent to the GET route's path."""
+    seed_stub(stub)
+    for target in ("/library/sessions", stub.base + "/memory/discover?q=l-1", "/library/fetch?id=l-1"):
+        stub.queue("POST /library/acquire", status, redirect=target)
+        before = stub.requests()
+        structured, text, is_error = mcp.tool("acquire_session", {"id": "l-1"})
+        assert is_error and structured["status"] == status and "HTTP %d" % status in text, (target, structured)
+        assert [r["route"] for r in stub.requests()[len(before):]] == ["POST /library/acquire"], target
+    for route in ("POST /library/ensure", "POST /library/push"):
+        stub.queue(route, status, redirect="/library/sessions")
+        before = stub.requests()
+        structured, text, is_error = mcp.tool("publish_session", {"transcript": cc_transcript(route + str(status))})
+        assert is_error and "HTTP %d" % status in text, (route, structured)
+        sent = [r["route"] for r in stub.requests()[len(before):]]
+        assert sent.count(route) == 1 and "GET /library/sessions" not in sent[sent.index(route):], (route, sent)
+    assert stub.pushes == []
+
+
 @pytest.fixture
 def tls_files(tmp_path):
     trustme = pytest.importorskip("trustme")
