@@ -536,9 +536,11 @@ class Settings:
         # Claude Code sets a full path. A relative one would be this process's working directory, which
         # the client chooses ("." in a server started in / named the sessions recorded in /): refused,
         # so no session is this project's (of_this_project) and main and --check say why.
-        self.project_refused = None if not project or os.path.isabs(project) else say(
-            "$CLAUDE_PROJECT_DIR is %s, not a full path, so no session is this project's: set it to the project's "
-            "full path, or leave it out (the working directory is then used)", local_line(project))
+        self.project_refused = None
+        if project and not os.path.isabs(project):
+            self.project_refused = say("$CLAUDE_PROJECT_DIR is %s, not a full path, so no session is this project's: "
+                                       "set it to the project's full path, or leave it out (the working directory "
+                                       "is then used)", local_line(project))
         self.project_dir = "" if self.project_refused else project or _working_dir()
         self.all_projects = env["A4SX_MCP_ALL_PROJECTS"].lower() in ("1", "true", "yes")
         level = env["A4SX_MCP_LOG"].lower()
