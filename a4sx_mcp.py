@@ -38,7 +38,8 @@ that shows there is no other place, and the test that proves it:
    ``trusts_nothing`` lists OpenSSL's CA folders' names when no certificate was loaded;
    libraries read their own files (OpenSSL's CA bundle, the SDK's installed metadata, the C library).
 3. The token is used only for the server that issued it (``Settings.find_token``), and the files
-   that hold it or choose the server are trusted like ssh's (``read_private``, ``_read_config``).
+   that hold it or choose the server are trusted like ssh's (``read_private``, ``_read_config``): one
+   that is not is refused, never passed over for another file or the public server.
 4. Everything sent to the network is a route of ``ROUTES``, sent by ``Api.send`` to the configured
    server: the token only on token routes, never on a redirect, never in clear text (``normalize_base``).
 5. Every request has a deadline and an answer cap (``ROUTES``; ``Api._exchange``, ``_read_body``).
@@ -77,7 +78,9 @@ that shows there is no other place, and the test that proves it:
     its project was written; never a guess.
 16. An answer, and each record of a fetched session parsed from it, grows memory by at most
     ``PARSE_BUDGET`` times its size plus 64 KiB while it is parsed (``_parse``,
-    ``parse_within_budget``; CPython 3.11's costs).
+    ``parse_within_budget``; CPython 3.11's costs). A save reads its files one at a time, each line
+    parsed within the room of its own file (``line_room``), so it stays within 5 times the largest
+    file it reads plus 64 MiB.
 
 Run it as ``a4sx-mcp``, ``python -m a4sx_mcp`` or ``python3 a4sx_mcp.py`` (a copied file works as is);
 in a folder you do not trust, as the console script or by the file's full path: the other two find
@@ -1125,7 +1128,9 @@ def _parse_cost(payload, exact=False):
 # a time while the whole file is held, each within a room that grows with the file: at most twice the
 # file plus 16 MiB, estimated from the line's bytes before they are decoded (a line of one emoji in
 # ASCII decodes to 4 bytes a character). The file, a line's bytes and that room keep the server
-# within 5x the file + 64 MiB whatever the line's shape (SECURITY.md claim 16; measured in
+# within 5x the file + 64 MiB whatever the line's shape; a save's files (the session's, each
+# subagent's, an earlier session's) are read one at a time, each line's room from its own file's size,
+# so a save stays within 5x the largest file it reads + 64 MiB (SECURITY.md claim 16; measured in
 # benchmarks/bench.py). A line costing at most WORST_BYTE_COST a byte fits without being counted.
 LINE_ROOM_PER_FILE_BYTE = 2
 LINE_ROOM_SLACK = 16 * MiB

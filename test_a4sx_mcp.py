@@ -21,6 +21,7 @@ import shutil
 import signal
 import socket
 import stat
+import string
 import subprocess
 import sys
 import textwrap
@@ -4778,6 +4779,21 @@ def test_publish_scrubs_and_saves_privately(mcp, stub, token):
     assert sum(structured["client_redactions"]["rules"].values()) >= 2
     assert "private" in structured["next"].lower() and "review" in structured["next"]
     assert key not in text and mail not in text
+
+
+def test_the_sdk_scrub_passes_over_a_secret_right_after_a_data_image_prefix(mcp, stub, token):
+    """SECURITY.md claim 7, not covered (the SDK's rule, seen with a4sx 0.11.0): the scrub treats a
+    ``data:<type>;base64,`` run as image data, so an AWS access key id written in text right after that
+    prefix goes up as it is, while the same key anywhere else is redacted. If this fails, the SDK now
+    catches it: update the "Not covered" text."""
+    key = "AK" + "IA" + "".join(secrets.choice(string.ascii_uppercase + string.digits) for _ in range(16))
+    records = [claude_record("user", "the key alone: %s" % key, session_id="img-key"),
+               claude_record("assistant", "done", session_id="img-key")]
+    structured, _, is_error = mcp.tool("publish_session", {"transcript": write_transcript(records)})
+    assert not is_error and key.encode() not in stub.pushes[-1]["body"], structured
+    records[0] = claude_record("user", "see data:image/png;base64,%s" % key, session_id="img-key")
+    structured, _, is_error = mcp.tool("publish_session", {"transcript": write_transcript(records)})
+    assert not is_error and key.encode() in stub.pushes[-1]["body"], structured
 
 
 def sent_key(caller_key, push):
