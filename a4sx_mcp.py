@@ -522,9 +522,9 @@ class Settings:
         self.config_dir = config_dir(env)
         try:
             self.base, self.base_source = resolve_base(base_flag, env)
-            self.refused = None
+            self.base_refused = None
         except ConfigUntrusted as err:  # no server is chosen: Api.send and find_token refuse, naming why
-            self.base, self.base_source, self.refused = "https://config-refused.invalid", "refused", err.args[0]
+            self.base, self.base_source, self.base_refused = "https://config-refused.invalid", "refused", err.args[0]
         self.per_min = _int_setting(env, "A4SX_MCP_PER_MIN", 240)
         self.acquire_per_min = _int_setting(env, "A4SX_MCP_ACQUIRE_PER_MIN", 20)
         self.publish_per_min = _int_setting(env, "A4SX_MCP_PUBLISH_PER_MIN", 10)
@@ -552,14 +552,14 @@ class Settings:
     def find_token(self):
         """``(token, where)`` for the token issued by this server, or ``(None, None)``: never a
         token stored for another server. Raises ``ConfigUntrusted`` for a token file another user
-        could write.
+        could write, or when the file that names the server was refused (``base_refused``).
 
         ``$A4SX_SESSION`` only for ``$A4SX_SESSION_BASE`` (default: the public server; deliberately
         not ``$A4SX_BASE``), then ``credentials.json``, then the standalone script's ``session``
         file for the server it was issued by.
         """
-        if self.refused:
-            raise ConfigUntrusted(self.refused)
+        if self.base_refused:
+            raise ConfigUntrusted(self.base_refused)
         origin, env = self.base, environment()
         if env["A4SX_SESSION"]:
             try:
@@ -778,9 +778,9 @@ class Api:
         """One request of route ``name``: ``params`` fill the path template, the rest is the query.
         Returns ``(status, parsed JSON body or {})``; an unfollowed redirect comes back as its 3xx.
         Raises ``SignedOut`` (token route, no token), ``NetworkError`` (no usable answer) or
-        ``ConfigUntrusted`` (the sign-in's files chose no server: ``Settings.refused``)."""
-        if self.settings.refused:
-            raise ConfigUntrusted(self.settings.refused)
+        ``ConfigUntrusted`` (the sign-in's files chose no server: ``Settings.base_refused``)."""
+        if self.settings.base_refused:
+            raise ConfigUntrusted(self.settings.base_refused)
         route = ROUTES[name]
         token = self.settings.find_token()[0] if route.token else None
         if route.token and not token:
@@ -5234,13 +5234,13 @@ def run_check(settings):
               "amdx.json": "%s, written by the standalone a4sx script" % os.path.join(settings.config_dir, "amdx.json"),
               "default": "the default", "refused": ""}[settings.base_source]
     out.append("server:     %s" % ("none: the file that names it is refused, and nothing is sent until it is fixed"
-                                   if settings.refused else "%s (from %s)" % (settings.base, source)))
+                                   if settings.base_refused else "%s (from %s)" % (settings.base, source)))
     line, fix, signed_in = sign_in_status(settings)
     out.append("sign-in:    " + line)
     fixes += fix
     for name in ("config.json", "amdx.json"):
         problem = path_problem(os.path.join(settings.config_dir, name), "600")
-        if problem and problem != settings.refused:
+        if problem and problem != settings.base_refused:
             fixes.append("%s (it is ignored until then)" % problem)
     out.append("tls:        %s" % ("trusts " + trust_store() if settings.base.startswith("https:")
                                    else "not used (plain http, allowed to this machine only)"))
@@ -5255,8 +5255,8 @@ def run_check(settings):
                                        if answers else "no (/healthz answered HTTP %d)" % status))
     except (NetworkError, ConfigUntrusted) as err:
         answers = False
-        out.append("answers:    %s" % ("not asked" if settings.refused else "no (%s)" % err))
-    if not answers and not settings.refused:
+        out.append("answers:    %s" % ("not asked" if settings.base_refused else "no (%s)" % err))
+    if not answers and not settings.base_refused:
         fixes.append("check the server address (--base / A4SX_BASE) and your network connection")
     if signed_in and answers:
         try:
@@ -5386,8 +5386,8 @@ def main(argv=None):
     _log_threshold = LOG_LEVELS[settings.log_level]
     if options["check"]:
         return run_check(settings)
-    if settings.refused:  # started anyway: each call that needs the server says the same
-        sys.stderr.write("a4sx-mcp: no a4sx server is used until this is fixed: %s\n" % settings.refused)
+    if settings.base_refused:  # started anyway: each call that needs the server says the same
+        sys.stderr.write("a4sx-mcp: no a4sx server is used until this is fixed: %s\n" % settings.base_refused)
     if settings.project_refused:  # started anyway: publish_local_session says the same
         sys.stderr.write("a4sx-mcp: %s\n" % settings.project_refused)
     sys.stderr.flush()
