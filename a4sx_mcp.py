@@ -38,7 +38,8 @@ that shows there is no other place, and the test that proves it:
    ``trusts_nothing`` lists OpenSSL's CA folders' names when no certificate was loaded;
    libraries read their own files (OpenSSL's CA bundle, the SDK's installed metadata, the C library).
 3. The token is used only for the server that issued it (``Settings.find_token``), and the files
-   that hold it or choose the server are trusted like ssh's (``read_private``, ``_read_config``).
+   that hold it or choose the server are trusted like ssh's (``read_private``, ``_read_config``): one
+   that is not is refused, never passed over for another file or the public server.
 4. Everything sent to the network is a route of ``ROUTES``, sent by ``Api.send`` to the configured
    server: the token only on token routes, never on a redirect, never in clear text (``normalize_base``).
 5. Every request has a deadline and an answer cap (``ROUTES``; ``Api._exchange``, ``_read_body``).
@@ -77,7 +78,9 @@ that shows there is no other place, and the test that proves it:
     its project was written; never a guess.
 16. An answer, and each record of a fetched session parsed from it, grows memory by at most
     ``PARSE_BUDGET`` times its size plus 64 KiB while it is parsed (``_parse``,
-    ``parse_within_budget``; CPython 3.11's costs).
+    ``parse_within_budget``; CPython 3.11's costs). A save reads its files one at a time, each line
+    parsed within the room of its own file (``line_room``), so it stays within 5 times the largest
+    file it reads plus 64 MiB.
 
 Run it as ``a4sx-mcp``, ``python -m a4sx_mcp`` or ``python3 a4sx_mcp.py`` (a copied file works as is);
 in a folder you do not trust, as the console script or by the file's full path: the other two find
@@ -287,6 +290,16 @@ def _is_loopback(host):
         return False
 
 
+def shown_base(value):
+    """A base URL as a message may show it: whatever comes before its last ``@`` (a ``user:password``,
+    however it is spelled) left out, so a bad ``--base`` never echoes a password to stderr."""
+    text = str(value)
+    head, at, host = text.rpartition("@")
+    if not at:
+        return text
+    return (head.split("://", 1)[0] + "://" if "://" in head else "") + "***@" + host
+
+
 def normalize_base(value):
     """An origin (``scheme://host[:port]``) from a base URL the way the a4sx SDK reads it.
 
@@ -295,7 +308,7 @@ def normalize_base(value):
     """
     raw = (value or "").strip() or PUBLIC_BASE
     if any(char.isspace() or ord(char) < 32 for char in raw):  # "localhost evil.example" is no host
-        raise ValueError("whitespace or a control character in base URL %r" % value)
+        raise ValueError("whitespace or a control character in base URL %r" % shown_base(value))
     if "://" not in raw:
         host_part = raw.split("/", 1)[0]
         raw = ("http://" if _is_loopback(urlsplit("//" + host_part).hostname) else "https://") + raw
@@ -305,13 +318,13 @@ def normalize_base(value):
         raise ValueError("unsupported scheme %r in base URL (use https)" % scheme)
     host = (parts.hostname or "").lower()
     if not host:
-        raise ValueError("no host in base URL %r" % value)
+        raise ValueError("no host in base URL %r" % shown_base(value))
     if scheme == "http" and not _is_loopback(host):
         raise ValueError("refusing plain http to %s: use https (http is allowed for localhost only)" % host)
     try:
         port = parts.port
     except ValueError:
-        raise ValueError("bad port in base URL %r" % value) from None
+        raise ValueError("bad port in base URL %r" % shown_base(value)) from None
     netloc = "[%s]" % host if ":" in host else host
     if port and not ((scheme == "https" and port == 443) or (scheme == "http" and port == 80)):
         netloc += ":%d" % port
@@ -334,9 +347,9 @@ def config_dir(env):
 
 def _read_json(path, mode=None):
     """A small JSON file (a config file, the SDK's records) as it is, or None: never a FIFO or device
-    (opened without waiting for a writer), at most 16 MiB; with ``mode``, None too when it has a
-    ``_trust_problem``, checked on the descriptor it is read through (so it cannot be swapped in
-    between)."""
+    (opened without waiting for a writer), at most 16 MiB. With ``mode`` (a file that chooses the
+    server), one that is there but is no regular file or has a ``_trust_problem``, checked on the
+    descriptor it is read through (so it cannot be swapped in between), raises ``ConfigUntrusted``."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError:
@@ -344,8 +357,12 @@ def _read_json(path, mode=None):
     with os.fdopen(fd, "rb") as f:
         try:
             status = os.fstat(fd)
-            if not stat.S_ISREG(status.st_mode) or (mode and os.name == "posix"
-                                                     and _trust_problem(path, status, mode)):
+            problem = mode and os.name == "posix" and _trust_problem(path, status, mode)
+            if mode and not stat.S_ISREG(status.st_mode):
+                problem = say("%s is not a regular file: remove it, or run `uvx a4sx login` again", local_line(path))
+            if problem:
+                raise ConfigUntrusted(problem)
+            if not stat.S_ISREG(status.st_mode):
                 return None
             return json.loads(f.read(16 * MiB + 1).decode("utf-8"))
         except (OSError, ValueError):
@@ -364,15 +381,15 @@ def path_problem(path, mode):
 
 
 def _read_config(path):
-    """A config file that names a server (``config.json``, ``amdx.json``), or None: one with a
-    ``_trust_problem`` is ignored like an absent one, since it would choose where a token goes
-    (``--check`` reports the problem)."""
+    """A config file that names a server (``config.json``, ``amdx.json``), or None when there is none
+    (or it is no JSON). One with a ``_trust_problem`` would choose where a token goes: it raises
+    ``ConfigUntrusted``, and is never passed over for the next file or the public server."""
     return _read_json(path, "600")
 
 
 def _stored_base(folder):
     """``(base, file name)`` of the stored server: ``config.json`` (the CLI), else ``amdx.json`` (the
-    older standalone script); ``(None, None)``."""
+    older standalone script); ``(None, None)``. Raises ``ConfigUntrusted`` (``_read_config``)."""
     for name in ("config.json", "amdx.json"):
         data = _read_config(os.path.join(folder, name))
         if isinstance(data, dict):
@@ -382,11 +399,15 @@ def _stored_base(folder):
 
 def resolve_base(flag=None, env=None):
     """``(origin, source)``: ``--base``, else ``$A4SX_BASE``, else the stored sign-in's server, else
-    the public server. Raises ``ValueError`` for a base that must not be used."""
+    the public server. Raises ``ValueError`` for a base that must not be used, ``ConfigUntrusted``
+    for a stored sign-in's file another user could have written."""
     env = environment() if env is None else env
-    for value, source in ((flag, "--base"), (env["A4SX_BASE"], "A4SX_BASE"), _stored_base(config_dir(env))):
+    for value, source in ((flag, "--base"), (env["A4SX_BASE"], "A4SX_BASE")):
         if isinstance(value, str) and value.strip():
             return normalize_base(value), source
+    value, source = _stored_base(config_dir(env))  # read only when neither chose (it may be refused)
+    if isinstance(value, str) and value.strip():
+        return normalize_base(value), source
     return PUBLIC_BASE, "default"
 
 
@@ -478,7 +499,10 @@ def _legacy_origin(folder):
     path = os.path.join(folder, "amdx.json")
     if not os.path.lexists(path):
         return PUBLIC_BASE
-    data = _read_config(path)
+    try:
+        data = _read_config(path)
+    except ConfigUntrusted:
+        return None
     base = data.get("base") if isinstance(data, dict) else False
     if base is None or base == "":
         return PUBLIC_BASE
@@ -496,7 +520,11 @@ class Settings:
     def __init__(self, base_flag=None):
         env = environment()  # not kept: it holds $A4SX_SESSION
         self.config_dir = config_dir(env)
-        self.base, self.base_source = resolve_base(base_flag, env)
+        try:
+            self.base, self.base_source = resolve_base(base_flag, env)
+            self.base_refused = None
+        except ConfigUntrusted as err:  # no server is chosen: Api.send and find_token refuse, naming why
+            self.base, self.base_source, self.base_refused = "https://config-refused.invalid", "refused", err.args[0]
         self.per_min = _int_setting(env, "A4SX_MCP_PER_MIN", 240)
         self.acquire_per_min = _int_setting(env, "A4SX_MCP_ACQUIRE_PER_MIN", 20)
         self.publish_per_min = _int_setting(env, "A4SX_MCP_PUBLISH_PER_MIN", 10)
@@ -507,7 +535,16 @@ class Settings:
         self.session_roots = session_roots(env)
         self.started_at = time.time()
         self.claude_session_id = env["CLAUDE_CODE_SESSION_ID"]
-        self.project_dir = env["CLAUDE_PROJECT_DIR"] or _working_dir()
+        project = env["CLAUDE_PROJECT_DIR"]
+        # Claude Code sets a full path. A relative one would be this process's working directory, which
+        # the client chooses ("." in a server started in / named the sessions recorded in /): refused,
+        # so no session is this project's (of_this_project) and main and --check say why.
+        self.project_refused = None
+        if project and not os.path.isabs(project):
+            self.project_refused = say("$CLAUDE_PROJECT_DIR is %s, not a full path, so no session is this project's: "
+                                       "set it to the project's full path, or leave it out (the working directory "
+                                       "is then used)", local_line(project))
+        self.project_dir = "" if self.project_refused else project or _working_dir()
         self.all_projects = env["A4SX_MCP_ALL_PROJECTS"].lower() in ("1", "true", "yes")
         level = env["A4SX_MCP_LOG"].lower()
         self.log_level = level if level in LOG_LEVELS else "warning"
@@ -515,12 +552,14 @@ class Settings:
     def find_token(self):
         """``(token, where)`` for the token issued by this server, or ``(None, None)``: never a
         token stored for another server. Raises ``ConfigUntrusted`` for a token file another user
-        could write.
+        could write, or when the file that names the server was refused (``base_refused``).
 
         ``$A4SX_SESSION`` only for ``$A4SX_SESSION_BASE`` (default: the public server; deliberately
         not ``$A4SX_BASE``), then ``credentials.json``, then the standalone script's ``session``
         file for the server it was issued by.
         """
+        if self.base_refused:
+            raise ConfigUntrusted(self.base_refused)
         origin, env = self.base, environment()
         if env["A4SX_SESSION"]:
             try:
@@ -596,14 +635,16 @@ MAX_REDIRECTS = 3
 REDIRECT_STATUSES = (301, 302, 303, 307, 308)
 # The shape check: the most json.loads allocates per structural byte on 64-bit CPython (a dict 136,
 # which with its first key's slot, 192, covers a one-key dict, its keys table and the pointer to it; a
-# list 72, a string's header and pointer 2 x 30, a number and its pointer 40, a dict slot 56), measured
-# with tracemalloc on the worst shapes ([{},{},...], [{"k0000001":1000},...], [1000,...], {"k1":1,...}).
+# list 120: its object 56, the four slots its first item gets 32, and that item when it is a number,
+# which no comma pays for, 32; a string's header and pointer 2 x 30, a number and its pointer 40, a
+# dict slot 56), measured with tracemalloc on the worst shapes ([{},{},...], [{"k0000001":1000},...],
+# [1000,...], {"k1":1,...}, one-item lists nested or not: [[[1]]], [-7], [[1.5]]).
 # Beside that structure, the decoded text and the strings' contents are counted (``strings_bound``:
 # at the text's width, 1, 2 or 4 bytes a character, or 4 when \u escapes could widen a string). An answer
 # whose estimate exceeds PARSE_BUDGET x its bytes is refused, so no answer makes memory grow more
 # than PARSE_BUDGET x its own size. Real listings estimate ~8x (ASCII) to ~14x (one emoji makes the
 # whole text 4 bytes a character); [{},{},...] estimates 60x.
-PARSE_COST = ((b"{", 136), (b"[", 72), (b'"', 30), (b",", 40), (b":", 56))
+PARSE_COST = ((b"{", 136), (b"[", 120), (b'"', 30), (b",", 40), (b":", 56))
 DEAREST_BYTE = max(each for _, each in PARSE_COST)
 PARSE_BUDGET = 16
 _NOT_STRUCTURE = bytes(byte for byte in range(256) if bytes((byte,)) not in b'{[",:')  # all but PARSE_COST's
@@ -736,7 +777,10 @@ class Api:
     def send(self, name, params=None, *, data=None, headers=None, deadline_s=None, cancel=None):
         """One request of route ``name``: ``params`` fill the path template, the rest is the query.
         Returns ``(status, parsed JSON body or {})``; an unfollowed redirect comes back as its 3xx.
-        Raises ``SignedOut`` (token route, no token) or ``NetworkError`` (no usable answer)."""
+        Raises ``SignedOut`` (token route, no token), ``NetworkError`` (no usable answer) or
+        ``ConfigUntrusted`` (the sign-in's files chose no server: ``Settings.base_refused``)."""
+        if self.settings.base_refused:
+            raise ConfigUntrusted(self.settings.base_refused)
         route = ROUTES[name]
         token = self.settings.find_token()[0] if route.token else None
         if route.token and not token:
@@ -1084,7 +1128,9 @@ def _parse_cost(payload, exact=False):
 # a time while the whole file is held, each within a room that grows with the file: at most twice the
 # file plus 16 MiB, estimated from the line's bytes before they are decoded (a line of one emoji in
 # ASCII decodes to 4 bytes a character). The file, a line's bytes and that room keep the server
-# within 5x the file + 64 MiB whatever the line's shape (SECURITY.md claim 16; measured in
+# within 5x the file + 64 MiB whatever the line's shape; a save's files (the session's, each
+# subagent's, an earlier session's) are read one at a time, each line's room from its own file's size,
+# so a save stays within 5x the largest file it reads + 64 MiB (SECURITY.md claim 16; measured in
 # benchmarks/bench.py). A line costing at most WORST_BYTE_COST a byte fits without being counted.
 LINE_ROOM_PER_FILE_BYTE = 2
 LINE_ROOM_SLACK = 16 * MiB
@@ -2418,6 +2464,7 @@ def session_parts(session, data, cap, call_id=None):
         parts += [(earlier, carried, False)] if earlier else []
     parts += [(part, owner, True) for part, owner in subagent_files(root, folder, ids)]
     for part, owner, subagent in parts:
+        read = None  # the part before is let go first: one file's bytes at a time (claim 16)
         read = _read_part(part, ids, owner, cap)
         if read is None:
             continue
@@ -2524,6 +2571,8 @@ def find_session(settings, wanted, meta, cancel):
             raise NoSession(say("No Claude Code or Codex CLI session with this id is recorded on this machine."),
                             project_sessions(settings, sessions))
         mine = found if settings.all_projects else [s for s in found if of_this_project(settings, s)]
+        if not mine and settings.project_refused:
+            raise ToolError("other_project", say("%s. Nothing was sent.", settings.project_refused))
         if not mine:
             raise ToolError("other_project", say("This session was recorded in another project than the one this "
                                                  "server runs in ($CLAUDE_PROJECT_DIR, else its working directory). "
@@ -2606,10 +2655,12 @@ def _image_note(media_type, encoded, tally):
 
 
 def _without_image(value, tally):
-    """What stands in for ``value`` when it is an image (a text block or item of its harness's own
-    kind, or a text for a bare data URL), else None. Only pure base64 data counts: text that could
-    hold this server's framing (spaces, ``<``) is never inside what is replaced, so the taint check,
-    which sees the replaced bytes, misses nothing."""
+    """What stands in for ``value`` when it is or holds an image's base64 data, else None: a bare data
+    URL becomes the note; an image block (Claude Code's ``image`` with a base64 ``source``, Codex's
+    ``input_image``) stays as it is, every other key and text in it kept, with only its data string
+    (``source.data``, ``image_url``) replaced by the note. Only pure base64 counts: text that could
+    hold this server's framing (spaces, ``<``) is never replaced, so the taint check, which sees the
+    replaced bytes, misses nothing."""
     if isinstance(value, str):
         url = _DATA_URL.match(value) if value.startswith("data:image/") else None
         return _image_note(url.group(1), url.group(2), tally) if url else None
@@ -2620,20 +2671,21 @@ def _without_image(value, tally):
         data, media = source.get("data"), source.get("media_type")
         if isinstance(data, str) and _BASE64.match(data):
             media = media if isinstance(media, str) and _MEDIA_TYPE.match(media) else "image"
-            return {"type": "text", "text": _image_note(media, data, tally)}
+            return dict(value, source=dict(source, data=_image_note(media, data, tally)))
     url = value.get("image_url")
     if value.get("type") == "input_image" and isinstance(url, str):
         note = _without_image(url, tally)
-        return {"type": "input_text", "text": note} if note else None
+        return dict(value, image_url=note) if note else None
     return None
 
 
 def without_images(data):
     """``(bytes, {"choice": "placeholder", "replaced": N, "bytes_removed": B})``: the session's bytes
-    with each image's base64 data replaced by a placeholder naming its media type and decoded size
-    (the base64 alphabet holds no framing, so the taint check misses nothing). Line by line, each parsed
-    within ``line_room`` (claim 16); a line without image data (or not parsed: too large, not UTF-8,
-    not JSON, which check_transcript then refuses) is kept byte for byte."""
+    with each image's base64 data string replaced by a placeholder naming its media type and decoded
+    size, the rest of its block kept (the base64 alphabet holds no framing, so the taint check misses
+    nothing). Line by line, each parsed within ``line_room`` (claim 16); a line without image data (or
+    not parsed: too large, not UTF-8, not JSON, which check_transcript then refuses) is kept byte for
+    byte."""
     tally = {"replaced": 0}
     room, pieces, view = line_room(len(data)), [], memoryview(data)
     start = 0
@@ -4415,12 +4467,14 @@ def complete(ctx, ref, argument):
             raise FeatureError("invalid", say("%s has no argument %s", plain_name(prompt["name"]),
                                               echoed_name(name, 64)))
         sources = {("load_session", "id"): ("id", "label"), ("save_session", "label"): ("label",)}
-        enums = {"scope": ("search_sessions", "scope"), "sort": ("search_sessions", "sort"),
-                 "harness": ("search_sessions", "harness"), "images": ("publish_local_session", "images")}
+        enums = {("find_sessions", "scope"): ("search_sessions", "scope"),
+                 ("find_sessions", "sort"): ("search_sessions", "sort"),
+                 ("find_sessions", "harness"): ("search_sessions", "harness"),
+                 ("save_session", "images"): ("publish_local_session", "images")}
         if (prompt["name"], name) in sources:
             candidates = library_values(ctx, sources[(prompt["name"], name)])
-        elif prompt["name"] == "find_sessions" and name in enums:
-            candidates = _enum_of(*enums[name])
+        elif (prompt["name"], name) in enums:
+            candidates = _enum_of(*enums[(prompt["name"], name)])
         else:
             candidates = []
     elif ref.get("type") == "ref/resource":
@@ -5178,14 +5232,15 @@ def run_check(settings):
     source = {"--base": "the --base flag", "A4SX_BASE": "$A4SX_BASE",
               "config.json": "the server you signed in to last (%s)" % os.path.join(settings.config_dir, "config.json"),
               "amdx.json": "%s, written by the standalone a4sx script" % os.path.join(settings.config_dir, "amdx.json"),
-              "default": "the default"}[settings.base_source]
-    out.append("server:     %s (from %s)" % (settings.base, source))
+              "default": "the default", "refused": ""}[settings.base_source]
+    out.append("server:     %s" % ("none: the file that names it is refused, and nothing is sent until it is fixed"
+                                   if settings.base_refused else "%s (from %s)" % (settings.base, source)))
     line, fix, signed_in = sign_in_status(settings)
     out.append("sign-in:    " + line)
     fixes += fix
     for name in ("config.json", "amdx.json"):
         problem = path_problem(os.path.join(settings.config_dir, name), "600")
-        if problem:
+        if problem and problem != settings.base_refused:
             fixes.append("%s (it is ignored until then)" % problem)
     out.append("tls:        %s" % ("trusts " + trust_store() if settings.base.startswith("https:")
                                    else "not used (plain http, allowed to this machine only)"))
@@ -5198,10 +5253,10 @@ def run_check(settings):
         answers = status == 200
         out.append("answers:    %s" % ("yes (/healthz, server version %s)" % one_line(_str(version), 40)
                                        if answers else "no (/healthz answered HTTP %d)" % status))
-    except NetworkError as err:
+    except (NetworkError, ConfigUntrusted) as err:
         answers = False
-        out.append("answers:    no (%s)" % err)
-    if not answers:
+        out.append("answers:    %s" % ("not asked" if settings.base_refused else "no (%s)" % err))
+    if not answers and not settings.base_refused:
         fixes.append("check the server address (--base / A4SX_BASE) and your network connection")
     if signed_in and answers:
         try:
@@ -5238,6 +5293,9 @@ def run_check(settings):
         else "$CLAUDE_CODE_SESSION_ID names no session file here" if settings.claude_session_id
         else "decided per call, from what the client sends (Claude Code: the call's tool use id; Codex CLI: its "
              "session id)"))
+    out.append("project:    %s" % ("none (see the fix below)" if settings.project_refused else settings.project_dir))
+    if settings.project_refused:
+        fixes.append(settings.project_refused)
     out += what_it_reads(environment())
     out.append("log level:  %s (stderr)" % settings.log_level)
     out.append("")
@@ -5296,7 +5354,7 @@ def parse_args(argv):
         elif arg in ("-h", "--help"):
             options["help"] = True
         else:
-            raise UsageError("unknown or incomplete argument: %s" % arg)
+            raise UsageError("unknown or incomplete argument: %s" % shown_base(arg))
     return options
 
 
@@ -5328,6 +5386,11 @@ def main(argv=None):
     _log_threshold = LOG_LEVELS[settings.log_level]
     if options["check"]:
         return run_check(settings)
+    if settings.base_refused:  # started anyway: each call that needs the server says the same
+        sys.stderr.write("a4sx-mcp: no a4sx server is used until this is fixed: %s\n" % settings.base_refused)
+    if settings.project_refused:  # started anyway: publish_local_session says the same
+        sys.stderr.write("a4sx-mcp: %s\n" % settings.project_refused)
+    sys.stderr.flush()
     if sys.stdin and sys.stdin.isatty():  # started by hand: say why it waits, on stderr (never stdout)
         sys.stderr.write("a4sx-mcp speaks MCP on stdin/stdout; start it from an MCP client (see README) "
                          "or run --check\n")

@@ -21,6 +21,7 @@ import shutil
 import signal
 import socket
 import stat
+import string
 import subprocess
 import sys
 import textwrap
@@ -1543,7 +1544,7 @@ REVIEW_SEARCHES = {
         (r"api\.send\(", {"ToolContext.send", "run_check"})],
     5: [(r"_exchange\(|_read_body\(", {"Api.send", "Api._exchange", "_read_body"})],
     6: [(r"Result\(", {"json_result", "saving_result", "context_result", "error_result", "framed_error"}),
-        (r'"text": ', {"get_prompt", "Server.serve_feature", "Server.tool_payload", "_without_image"}),
+        (r'"text": ', {"get_prompt", "Server.serve_feature", "Server.tool_payload"}),
         (r"\benvelope\(|fenced\(", {"fenced", "envelope", "_frame", "render_context", "context_result"}),
         (r"context_result\(", {"context_result", "tool_fetch_session_context"})],
     7: [(r"publish_checked\(", {"publish_checked", "tool_publish_session", "tool_publish_local_session"}),
@@ -1575,8 +1576,8 @@ REVIEW_SEARCHES = {
                                                 "_rollout_cwd", "transcript_session_id", "without_images"})],
     14: [(r'\bsay\(([^"]|$)', {"say"}),
          (r"Words\(", {"<module>", "say", "plain_name", "echoed_name", "local_line"}),
-         (r"local_line\(|echoed_name\(", {"echoed_name", "local_line", "_trust_problem", "read_private",
-                                            "Settings.login_hint", "_network_reason", "network_error",
+         (r"local_line\(|echoed_name\(", {"echoed_name", "local_line", "_trust_problem", "read_private", "_read_json",
+                                            "Settings.login_hint", "Settings.__init__", "_network_reason", "network_error",
                                             "not_signed_in", "read_session", "validate", "sdk_missing", "push_with_retries",
                                             "read_resource", "_prompt_args", "complete", "Server.handle_message",
                                             "Server.handle_request", "Server.handle_modern", "Server.dispatch"}),
@@ -1879,6 +1880,23 @@ def test_bad_base_from_env_exits_2(monkeypatch):
     assert done.returncode == 2 and "refusing plain http" in done.stderr
 
 
+def test_a_bad_base_never_echoes_its_user_and_password():
+    """Issue 28 review: a base URL's userinfo (``user:password@``) is left out of every refusal, from
+    --base, $A4SX_BASE or a mistyped flag, on stderr (and stdout stays empty)."""
+    password = "pw" + secrets.token_hex(8)
+    bad = ("https://me:%s@host:99999" % password, "http://me:%s@" % password, "me:%s@host:port" % password,
+           "https://me:%s/x@host:99999" % password, "https://me:%s@ho st" % password,
+           "http://me:%s@example.com" % password)
+    for base in bad:
+        for argv, environ in ((["--base", base], {}), (["--base=" + base], {}), ([], {"A4SX_BASE": base}),
+                              (["--bsae=" + base], {})):
+            done = subprocess.run([sys.executable, SERVER] + argv, capture_output=True, text=True, timeout=20,
+                                  stdin=subprocess.DEVNULL, env=dict(os.environ, **environ))
+            assert done.returncode == 2 and done.stdout == "", (argv, environ, done.stderr)
+            assert "a4sx-mcp: " in done.stderr and password not in done.stderr, (argv, environ, done.stderr)
+            assert "***@" in done.stderr or "refusing plain http to example.com" in done.stderr, done.stderr
+
+
 def test_version_and_help_and_unknown_flag():
     done = subprocess.run([sys.executable, SERVER, "--version"], capture_output=True, text=True, timeout=20)
     with open(SERVER, "rb") as f:
@@ -2027,12 +2045,14 @@ def test_a_token_stored_for_another_server_is_never_sent(mcp, stub, env):
 @pytest.mark.skipif(os.name != "posix", reason="FIFOs and modes are POSIX")
 def test_a_config_file_is_checked_on_the_descriptor_it_is_read_through(env):
     """``_read_config`` (issue 16 walk A): the file that chooses the server is opened once and its
-    checks run on that descriptor: a FIFO is ignored without waiting for a writer, a file another
-    user could write is ignored, a symlink to a private file is read."""
+    checks run on that descriptor: a FIFO is refused without waiting for a writer, a file another
+    user could write is refused (issue 28: never passed over for the public server), a symlink to a
+    private file is read."""
     config = env["cfg"] / "config.json"
     os.mkfifo(str(config))
     started = time.monotonic()
-    assert a4sx_mcp.resolve_base(None) == (a4sx_mcp.PUBLIC_BASE, "default")
+    with pytest.raises(a4sx_mcp.ConfigUntrusted, match="config.json is not a regular file"):
+        a4sx_mcp.resolve_base(None)
     assert time.monotonic() - started < 5
     config.unlink()
     target = env["cfg"] / "real-config.json"
@@ -2041,7 +2061,8 @@ def test_a_config_file_is_checked_on_the_descriptor_it_is_read_through(env):
     config.symlink_to(target)
     assert a4sx_mcp.resolve_base(None) == ("https://linked.example", "config.json")
     target.chmod(0o620)
-    assert a4sx_mcp.resolve_base(None) == (a4sx_mcp.PUBLIC_BASE, "default")
+    with pytest.raises(a4sx_mcp.ConfigUntrusted, match="config.json is writable by group or others"):
+        a4sx_mcp.resolve_base(None)
 
 
 def test_config_files_that_choose_the_server_are_trusted_like_the_token_files(env):
@@ -2060,9 +2081,48 @@ def test_config_files_that_choose_the_server_are_trusted_like_the_token_files(en
     (env["cfg"] / "config.json").write_text(json.dumps({"base": "https://chosen.example"}))
     for mode, chosen in ((0o600, True), (0o644, True), (0o620, False), (0o602, False)):
         os.chmod(env["cfg"] / "config.json", mode)
-        assert (a4sx_mcp.resolve_base() == ("https://chosen.example", "config.json")) is chosen, oct(mode)
-    done = run_check("http://127.0.0.1:9")
+        if chosen:
+            assert a4sx_mcp.resolve_base() == ("https://chosen.example", "config.json"), oct(mode)
+        else:
+            with pytest.raises(a4sx_mcp.ConfigUntrusted, match="config.json is writable by group or others"):
+                a4sx_mcp.resolve_base()
+    done = run_check("http://127.0.0.1:9")  # --base chooses: config.json is not needed, only reported
     assert "config.json is writable by group or others" in done.stdout and "ignored until then" in done.stdout
+
+
+@pytest.mark.skipif(os.name != "posix", reason="modes are POSIX")
+def test_an_untrusted_config_json_is_refused_loudly_never_passed_over(stub, env):
+    """Issue 28 review: a config.json another user could write was ignored like an absent one, so
+    amdx.json (or the public server) silently chose where the token went; only --check said so. Now
+    stderr says it at start, every call that needs the server answers config_untrusted naming the file,
+    nothing is sent, and --check says no server is used."""
+    stub.tokens.add(sign_in(env, stub.base))
+    (env["cfg"] / "amdx.json").write_text(json.dumps({"base": stub.base}))  # the next file: trusted
+    os.chmod(str(env["cfg"] / "amdx.json"), 0o600)
+    config = env["cfg"] / "config.json"
+    config.write_text(json.dumps({"base": "https://chosen.example"}))
+    os.chmod(str(config), 0o620)
+    proc = McpProcess()  # no --base: the stored sign-in chooses
+    try:
+        assert "result" in proc.initialize()
+        for arguments in ({"scope": "library"}, {"query": "anything"}):
+            refused, text, is_error = proc.tool("search_sessions", arguments)
+            assert is_error and refused["error"] == "config_untrusted", refused
+            assert "config.json is writable by group or others" in text and "Nothing was sent" in text, text
+        deadline = time.monotonic() + 10
+        while "config.json" not in "".join(proc.stderr) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "no a4sx server is used until this is fixed" in "".join(proc.stderr), proc.stderr
+        assert "config.json is writable by group or others" in "".join(proc.stderr), proc.stderr
+    finally:
+        proc.proc.kill()
+        proc.proc.wait()
+    assert stub.requests() == []
+    done = run_check(None)
+    assert done.returncode == 1 and "server:     none" in done.stdout and "answers:    not asked" in done.stdout
+    assert done.stdout.count("config.json is writable by group or others") == 1, done.stdout
+    os.chmod(str(config), 0o600)  # fixed: it chooses again
+    assert a4sx_mcp.resolve_base() == ("https://chosen.example", "config.json")
 
 
 def test_env_token_only_for_its_own_origin(spawn, stub, monkeypatch):
@@ -3234,11 +3294,16 @@ def vm_hwm(pid):
 def test_a_session_line_parses_within_the_room_its_check_allows():
     """Claim 16's estimate for a session's lines (``line_over_budget``), in process with tracemalloc:
     decoding and parsing a line (``session_line``) never allocates more than the smallest room the
-    check lets it parse in, whatever its shape; one byte less and it is refused unread."""
+    check lets it parse in, whatever its shape; one byte less and it is refused unread. The costliest
+    shapes per byte are one-item lists (issue 28: [[[1]]] nested or side by side, a number alone in a
+    list, which no comma pays for, parsed at up to 18% over the old estimate)."""
     import tracemalloc
 
     size = 256 << 10
     lines = [hostile_session_line("[{},...]", size, "s"), hostile_session_line("one emoji", size, "s"),
+             b"[" + b"[[[[[[[[1]]]]]]]]," * (size // 18) + b"1]", b"[" + b"[[1]]," * (size // 6) + b"1]",
+             b"[" + b"[-7]," * (size // 5) + b"1]", b"[" + b"[[1.5]]," * (size // 8) + b"1]",
+             b"[" + b"[1000]," * (size // 7) + b"1]", b"[" + (b"[" * 400 + b"0.5" + b"]" * 400 + b",") * 300 + b"1]",
              b"[" + b"[]," * (size // 3) + b"[]]", b"[" + b'"ab",' * (size // 5) + b'"a"]',
              b"{" + b",".join(b'"k%07d":1' % i for i in range(size // 12)) + b"}",
              b'{"type":"user","x":"' + b"\\ud83d\\ude80" * (size // 12) + b'"}',
@@ -3359,6 +3424,29 @@ def test_redirects_only_for_gets_to_a_route_of_the_same_origin_for_three_hops(mc
     assert is_error and structured["status"] == 302
     assert len(stub.requests("GET /memory/discover")) == before + 4  # the request and three hops
     assert_never_bought_and_one_version_per_publish(stub)
+
+
+@pytest.mark.parametrize("status", [307, 308])
+def test_a_3xx_to_a_post_route_that_points_at_a_get_route_s_path_comes_back_after_one_request(
+        mcp, stub, token, status):
+    """A 307 or 308 keeps the method and body, so a POST is never followed, not even to a path of a GET
+    route of the same origin (``Api.send`` follows GETs only): the acquire, ensure and push routes each
+    answer the 3xx as it came, after exactly one request, and nothing is sent to the GET route's path."""
+    seed_stub(stub)
+    for target in ("/library/sessions", stub.base + "/memory/discover?q=l-1", "/library/fetch?id=l-1"):
+        stub.queue("POST /library/acquire", status, redirect=target)
+        before = stub.requests()
+        structured, text, is_error = mcp.tool("acquire_session", {"id": "l-1"})
+        assert is_error and structured["status"] == status and "HTTP %d" % status in text, (target, structured)
+        assert [r["route"] for r in stub.requests()[len(before):]] == ["POST /library/acquire"], target
+    for route in ("POST /library/ensure", "POST /library/push"):
+        stub.queue(route, status, redirect="/library/sessions")
+        before = stub.requests()
+        structured, text, is_error = mcp.tool("publish_session", {"transcript": cc_transcript(route + str(status))})
+        assert is_error and "HTTP %d" % status in text, (route, structured)
+        sent = [r["route"] for r in stub.requests()[len(before):]]
+        assert sent.count(route) == 1 and "GET /library/sessions" not in sent[sent.index(route):], (route, sent)
+    assert stub.pushes == []
 
 
 @pytest.fixture
@@ -4693,6 +4781,21 @@ def test_publish_scrubs_and_saves_privately(mcp, stub, token):
     assert key not in text and mail not in text
 
 
+def test_the_sdk_scrub_passes_over_a_secret_right_after_a_data_image_prefix(mcp, stub, token):
+    """SECURITY.md claim 7, not covered (the SDK's rule, seen with a4sx 0.11.0): the scrub treats a
+    ``data:<type>;base64,`` run as image data, so an AWS access key id written in text right after that
+    prefix goes up as it is, while the same key anywhere else is redacted. If this fails, the SDK now
+    catches it: update the "Not covered" text."""
+    key = "AK" + "IA" + "".join(secrets.choice(string.ascii_uppercase + string.digits) for _ in range(16))
+    records = [claude_record("user", "the key alone: %s" % key, session_id="img-key"),
+               claude_record("assistant", "done", session_id="img-key")]
+    structured, _, is_error = mcp.tool("publish_session", {"transcript": write_transcript(records)})
+    assert not is_error and key.encode() not in stub.pushes[-1]["body"], structured
+    records[0] = claude_record("user", "see data:image/png;base64,%s" % key, session_id="img-key")
+    structured, _, is_error = mcp.tool("publish_session", {"transcript": write_transcript(records)})
+    assert not is_error and key.encode() in stub.pushes[-1]["body"], structured
+
+
 def sent_key(caller_key, push):
     """The Idempotency-Key a push of the caller's key carries: bound to its bytes and its query."""
     params = {name: push["query"].get(name) for name in ("label", "title", "parent", "into", "client_scrub")}
@@ -5568,6 +5671,80 @@ def test_local_session_of_another_project_is_refused_unless_the_user_allows_it(s
     assert len(stub.pushes) == len(mine) + len(others)
 
 
+def test_a_relative_claude_project_dir_is_refused_loudly(spawn, stub, token, env):
+    """Issue 28: ``CLAUDE_PROJECT_DIR=.`` made ``/`` the project (Claude Code's folder ``-``), so a
+    session started in ``/`` was saved while the project's own were refused. A relative value is refused
+    at start (stderr, --check): no session is this project's, and the refusal says why; nothing is sent."""
+    rooted = [claude_session(env, [claude_record("user", "started in /")], folder="-")[0]]
+    codex_id = str(uuid.uuid4())
+    records = codex_records(codex_id)
+    records[0]["payload"]["cwd"] = "."
+    rooted.append(codex_rollout(env, records, session_id=codex_id)[0])
+    own = claude_session(env, [claude_record("user", "the project's own")])[0]  # /tmp/project's
+    for relative in (".", "tmp/project", "./", "~/project"):
+        proc = spawn(extra_env={"CLAUDE_PROJECT_DIR": relative})
+        for sid in rooted + [own]:
+            refused, text, is_error = local_save(proc, {"session": sid})
+            assert is_error and refused["error"] == "other_project", (relative, sid, refused)
+            assert "$CLAUDE_PROJECT_DIR is %s, not a full path" % relative in text and "Nothing was sent." in text
+        proc.close()
+        assert "$CLAUDE_PROJECT_DIR is %s, not a full path" % relative in "".join(proc.stderr), proc.stderr
+    assert stub.requests("POST") == []
+    done = run_check(stub.base, {"CLAUDE_PROJECT_DIR": "."})
+    assert done.returncode == 1 and "project:    none (see the fix below)" in done.stdout, done.stdout
+    assert "to fix: $CLAUDE_PROJECT_DIR is ., not a full path" in done.stdout, done.stdout
+    assert "project:    /tmp/project\n" in run_check(stub.base).stdout
+    saved, _, is_error = local_save(spawn(), {"session": own})  # the full path: the project's own is saved
+    assert not is_error and saved["local_session"]["id"] == own, saved
+
+
+def test_a_codex_rollout_of_a_sibling_folder_or_without_a_readable_cwd_is_another_projects(spawn, stub, token, env):
+    """of_this_project compares a rollout's recorded cwd with the project as whole paths: a sibling
+    folder whose path begins with the project's (/tmp/proj-other, /tmp/projX), a subfolder, and a
+    rollout whose cwd is missing, not a string, empty, or whose first record is no readable session_meta
+    are another project's (refused other_project, nothing sent); the project's own is saved."""
+    project = "/tmp/proj"
+    cwds = {"sibling": "/tmp/proj-other", "prefix": "/tmp/projX", "below": "/tmp/proj/sub", "empty": "",
+            "number": 7, "null": None, "list": ["/tmp/proj"]}
+    others = []
+    for name, cwd in cwds.items():
+        sid = str(uuid.uuid4())
+        records = codex_records(sid)
+        records[0]["payload"]["cwd"] = cwd
+        others.append((name, codex_rollout(env, records, session_id=sid)[0]))
+    sid = str(uuid.uuid4())
+    records = codex_records(sid)
+    del records[0]["payload"]["cwd"]
+    others.append(("missing", codex_rollout(env, records, session_id=sid)[0]))
+    sid = str(uuid.uuid4())
+    records = codex_records(sid)
+    records[0]["payload"]["cwd"] = project
+    _, path = codex_rollout(env, records, session_id=sid)
+    path.write_bytes(b'{"timestamp": "2026-12-02T06:00:00.000Z", "type": \n' + path.read_bytes())
+    others.append(("first line no JSON", sid))
+    sid = str(uuid.uuid4())
+    records = codex_records(sid)
+    records[0]["payload"]["cwd"] = project
+    records[0]["type"] = "turn_context"  # not the session_meta a rollout begins with
+    others.append(("not session_meta", codex_rollout(env, records, session_id=sid)[0]))
+    sid = str(uuid.uuid4())
+    records = codex_records(sid)
+    records[0]["payload"]["cwd"] = project
+    records[0]["payload"]["base_instructions"] = {"text": "x" * (70 * 1024)}  # past the 64 KiB first line read
+    others.append(("first line too long", codex_rollout(env, records, session_id=sid)[0]))
+    mine = str(uuid.uuid4())
+    records = codex_records(mine)
+    records[0]["payload"]["cwd"] = project + "/"
+    codex_rollout(env, records, session_id=mine)
+    proc = spawn(extra_env={"CLAUDE_PROJECT_DIR": project, "A4SX_MCP_PUBLISH_PER_MIN": "0"})
+    for name, sid in others:
+        refused, text, is_error = local_save(proc, {"session": sid})
+        assert is_error and refused["error"] == "other_project", (name, refused)
+    assert stub.requests() == []
+    saved, _, is_error = local_save(proc, {"session": mine})
+    assert not is_error and saved["local_session"]["id"] == mine, saved
+
+
 def codex_call(call_id, stamp="2026-12-02T06:00:01.000Z"):
     """The function_call item Codex CLI writes into its rollout before it calls the tool."""
     return {"timestamp": stamp, "type": "response_item", "ordinal": 9, "metadata": {"history_sequence": 3},
@@ -5626,24 +5803,30 @@ def image_session(env, tmp_path, name):
     return sid, data, {"CLAUDE_CONFIG_DIR": str(tmp_path / "claude-config"), "CLAUDE_PROJECT_DIR": "/tmp/imgs1/cc/work"}
 
 
+PNG_DATA = b"iVBORw0KGgo"  # how the base64 of every PNG begins: image data is still in the bytes
+
+
 def _placeholder_of(block):
-    """The test's own reading of an image block: what stands in for it, or None (not an image)."""
+    """The test's own reading of an image block: what stands in for it (the block, its data string
+    replaced by the note), or None (not an image)."""
     if block.get("type") == "image" and (block.get("source") or {}).get("type") == "base64":
         media, size = block["source"]["media_type"], len(base64.b64decode(block["source"]["data"]))
-        return {"type": "text", "text": "[image omitted by a4sx-mcp: %s, %d bytes]" % (media, size)}
+        note = "[image omitted by a4sx-mcp: %s, %d bytes]" % (media, size)
+        return dict(block, source=dict(block["source"], data=note))
     if block.get("type") == "input_image":
         media, data = block["image_url"][len("data:"):].split(";base64,")
         size = len(base64.b64decode(data))
-        return {"type": "input_text", "text": "[image omitted by a4sx-mcp: %s, %d bytes]" % (media, size)}
+        return dict(block, image_url="[image omitted by a4sx-mcp: %s, %d bytes]" % (media, size))
     return None
 
 
 @pytest.mark.parametrize("name", sorted(IMAGE_CASES))
 def test_local_session_saved_without_images_when_the_user_asks(spawn, stub, token, env, tmp_path, name):
-    """images=placeholder (the user's choice): every image's base64 data (Claude Code: the message and its
-    api-request-blob copy; Codex: the input_image data URL) becomes a text block naming its media type
-    and decoded size; the transcript still passes the check, its other lines are uploaded byte for byte
-    as the scrub leaves them, the result counts what was replaced, and it loads back with the notes."""
+    """images=placeholder (the user's choice): every image's base64 data string (Claude Code: the
+    message's and its api-request-blob copy's source.data; Codex: the input_image data URL) becomes a
+    note naming its media type and decoded size, the rest of each block kept; the transcript still
+    passes the check, its other lines are uploaded byte for byte as the scrub leaves them, and the
+    result counts what was replaced."""
     sid, data, extra = image_session(env, tmp_path, name)
     expected, replaced = [], 0
     for line in data.split(b"\n"):
@@ -5660,19 +5843,17 @@ def test_local_session_saved_without_images_when_the_user_asks(spawn, stub, toke
                     content[i], replaced = note, replaced + 1
         expected.append(json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
     expected = b"\n".join(expected)
-    assert replaced == IMAGE_CASES[name] and b"base64" not in expected
+    assert replaced == IMAGE_CASES[name] and PNG_DATA not in expected
     proc = spawn(extra_env=extra)
     saved, _, is_error = local_save(proc, {"session": sid, "images": "placeholder"})
     assert not is_error, saved
     assert saved["local_session"]["images"] == {"choice": "placeholder", "replaced": replaced,
                                                 "bytes_removed": len(data) - len(expected)}, saved
     body = stub.pushes[-1]["body"]
-    assert body == a4sx_scrubbed(expected) and b"base64" not in body
+    assert body == a4sx_scrubbed(expected) and PNG_DATA not in body
+    assert body.count(b"[image omitted by a4sx-mcp: image/png, 268 bytes]") == replaced
     kept = [a for a, b in zip(a4sx_scrubbed(data).split(b"\n"), body.split(b"\n")) if a == b]
     assert len(kept) == data.count(b"\n") + 1 - sum(b"base64" in line for line in data.split(b"\n"))
-    if name.startswith("claude"):  # loaded back: the note where the image was
-        loaded, _, is_error = proc.tool("fetch_session_context", {"id": saved["library_id"]})
-        assert not is_error and "[image omitted by a4sx-mcp: image/png, 268 bytes]" in loaded["context"], loaded
     assert len(stub.pushes) == 1
 
 
@@ -5688,10 +5869,88 @@ def test_local_session_keeps_images_by_default(spawn, stub, token, env, tmp_path
     assert stub.requests() == []
     saved, _, is_error = local_save(proc, {"session": sid})
     assert not is_error and saved["local_session"]["images"] == {"choice": "keep"}, saved
-    assert stub.pushes[-1]["body"] == a4sx_scrubbed(data) and b"base64" in stub.pushes[-1]["body"]
+    assert stub.pushes[-1]["body"] == a4sx_scrubbed(data) and PNG_DATA in stub.pushes[-1]["body"]
     left_out, _, is_error = local_save(proc, {"session": sid, "images": "placeholder"})
     assert not is_error and left_out["local_session"]["images"]["replaced"] == IMAGE_CASES[name], left_out
-    assert len(stub.pushes) == 2 and b"base64" not in stub.pushes[-1]["body"]
+    assert len(stub.pushes) == 2 and PNG_DATA not in stub.pushes[-1]["body"]
+
+
+def framing_text():
+    """This server's envelope around another author's session, as a harness stores it in a transcript
+    (its BEGIN line with a nonce and its CAUTION sentence): what the taint rule looks for."""
+    return "<<<%s nonce=%s>>>\n%s\n" % (a4sx_mcp.BEGIN_MARK, secrets.token_hex(a4sx_mcp.NONCE_BYTES),
+                                         a4sx_mcp.OTHER_AUTHOR_CAUTION)
+
+
+def _image_blocks(value):
+    """Every image block (Claude Code's or Codex's) in a decoded record."""
+    stack, found = [value], []
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            found += [item] if item.get("type") in ("image", "input_image") else []
+            stack += list(item.values())
+        elif isinstance(item, list):
+            stack += item
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(IMAGE_CASES))
+def test_the_placeholder_replaces_only_the_image_data_and_keeps_the_text_of_its_block(
+        spawn, stub, token, env, tmp_path, name):
+    """Issue 28: images=placeholder replaced a whole image block, so this server's framed text held in
+    the same block (another key of it) left with it and the save was trusted (with keep: untrusted).
+    Only the base64 string goes: the block's other text is uploaded, and the taint rule sees it."""
+    sid, data, extra = image_session(env, tmp_path, name)
+    path, = tmp_path.rglob("*%s.jsonl" % sid)  # where image_session laid it out
+    framing, lines = framing_text(), data.split(b"\n")
+    for i, line in enumerate(lines):
+        record = json.loads(line) if b"base64" in line else None
+        for block in _image_blocks(record):
+            block["title"] = framing  # beside the data, in the image block itself
+            lines[i] = json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    path.write_bytes(b"\n".join(lines))
+    assert lines != data.split(b"\n") and not a4sx_mcp.carries_other_authors_framing(data)
+    proc = spawn(extra_env=extra)
+    saved, _, is_error = local_save(proc, {"session": sid, "images": "placeholder"})
+    assert not is_error and saved["local_session"]["images"]["replaced"] == IMAGE_CASES[name], saved
+    body = stub.pushes[-1]["body"]
+    assert PNG_DATA not in body and a4sx_mcp.OTHER_AUTHOR_CAUTION.encode() in body
+    assert saved["untrusted"] is True, saved
+    kept, _, is_error = local_save(proc, {"session": sid, "images": "keep"})
+    assert not is_error and kept["untrusted"] is True and PNG_DATA in stub.pushes[-1]["body"], kept
+
+
+def test_the_placeholder_replaces_pure_base64_only_however_it_is_spelled(spawn, stub, token, env):
+    """The edges of ``_without_image`` (claim 8's taint check sees the replaced bytes): image data that
+    is not pure base64 (framing after base64 in source.data, or after a data URL's base64 in a text) is
+    kept, so the save is untrusted; base64 spelled with JSON escapes (the word ``base64``, the data's
+    ``/``) is still replaced, and framing whose ``<`` is an escape inside image data is kept and seen."""
+    png = base64.b64encode(bytes(range(256)) * 2).decode()
+    assert "/" in png and "+" in png
+
+    def image(data):
+        return {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}
+
+    not_base64 = claude_session(env, [claude_record("user", [image(png + framing_text())])])[0]
+    url_then_text = claude_session(env, [claude_record("user", [
+        {"type": "text", "text": "data:image/png;base64," + png + framing_text()}])])[0]
+    escaped_sid, escaped = claude_session(env, [claude_record("user", [image(png)])])
+    raw = escaped.read_bytes().replace(b'"base64"', b'"bas\\u006564"').replace(b"/", b"\\u002f")
+    escaped.write_bytes(raw)
+    assert b"base64" not in raw and b"\\u002f" in raw and json.loads(raw)["message"]["content"][0]["source"]["data"] == png
+    framed_sid, framed = claude_session(env, [claude_record("user", [image(png + framing_text())])])
+    framed.write_bytes(framed.read_bytes().replace(b"<<<", b"\\u003c<<"))
+    assert b"<<<" not in framed.read_bytes()
+    proc = spawn()
+    for sid in (not_base64, url_then_text, framed_sid):
+        saved, _, is_error = local_save(proc, {"session": sid, "images": "placeholder"})
+        assert not is_error and saved["local_session"]["images"]["replaced"] == 0, saved
+        assert saved["untrusted"] is True and png.encode() in stub.pushes[-1]["body"].replace(b"\\u002f", b"/")
+    saved, _, is_error = local_save(proc, {"session": escaped_sid, "images": "placeholder"})
+    assert not is_error and saved["local_session"]["images"]["replaced"] == 1 and saved["untrusted"] is False, saved
+    assert b"[image omitted by a4sx-mcp: image/png, 512 bytes]" in stub.pushes[-1]["body"]
+    assert png[:40].encode() not in stub.pushes[-1]["body"] and b'"media_type":"image/png"' in stub.pushes[-1]["body"]
 
 
 def test_local_session_files_that_are_not_the_agents_own_are_never_read(spawn, stub, token, env, tmp_path):
@@ -5936,7 +6195,7 @@ def test_a_save_in_flight_is_not_joined_by_one_with_the_other_images_choice(spaw
     assert left_out["save_id"] != kept["save_id"] and same["save_id"] == kept["save_id"]
     done = [finish_save(proc, answer["save_id"])[0] for answer in (kept, left_out)]
     assert [d["local_session"]["images"]["choice"] for d in done] == ["keep", "placeholder"], done
-    assert len(stub.pushes) == 2 and sorted(b"base64" in p["body"] for p in stub.pushes) == [False, True]
+    assert len(stub.pushes) == 2 and sorted(PNG_DATA in p["body"] for p in stub.pushes) == [False, True]
 
 
 def test_cancelling_the_first_call_stops_the_save_but_a_status_call_does_not(spawn, stub, token, env):
@@ -6098,6 +6357,133 @@ def test_local_session_subagent_file_that_cannot_be_read_counts_as_framed(spawn,
     shutil.copyfile(str(plain), str(readable / "agent-a0123456789abcdef.jsonl"))  # the same bytes, readable
     saved, _, is_error = local_save(proc, {"session": other})
     assert not is_error and saved["untrusted"] is False and saved["local_session"]["subagents"]["files"] == 1, saved
+
+
+def _subagent_file(env, sid, data, name="agent-a0123456789abcdef.jsonl"):
+    """A 2.1 subagent file of the session ``sid`` (``<folder>/<sid>/subagents/<name>``) holding ``data``."""
+    folder = claude_project(env) / sid / "subagents"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_bytes(data)
+
+
+def unparseable_line(session_id, size=1 << 20):
+    """A record of about ``size`` bytes that parses into ~60x that (a tool result of ``[{},...]``) and
+    holds a JSON escape, so the taint rule must parse it to see its strings: over any room it gets."""
+    line = hostile_session_line("[{},...]", size, session_id)
+    return b'{"note":"\\u00e9",' + line[1:]
+
+
+def test_local_session_subagent_file_with_a_line_too_large_to_parse_counts_as_framed(spawn, stub, token, env):
+    """A subagent file whose line (with an escape, so it must be parsed) would parse over its room is
+    counted as framed (``carries_other_authors_framing``: the line is not read, so it cannot show it
+    holds no framing): untrusted; the same file with that line parseable is trusted."""
+    sid, _ = claude_session(env, [claude_record("user", "run a subagent"), claude_record("assistant", "done")])
+    _subagent_file(env, sid, unparseable_line(sid))
+    other, _ = claude_session(env, [claude_record("user", "run a subagent"), claude_record("assistant", "done")])
+    _subagent_file(env, other, json.dumps(claude_record("user", "\u00e9" * 1000, session_id=other)).encode() + b"\n")
+    proc = spawn()
+    saved, _, is_error = local_save(proc, {"session": sid})
+    assert not is_error and saved["untrusted"] is True and saved["local_session"]["subagents"]["files"] == 1, saved
+    plain, _, is_error = local_save(proc, {"session": other})
+    assert not is_error and plain["untrusted"] is False, plain
+
+
+def test_local_session_subagent_file_over_the_size_cap_counts_as_unreadable(spawn, stub, token, env):
+    """A subagent file larger than A4SX_MCP_MAX_LOCAL_BYTES is not read (``_read_part``): it cannot
+    show it holds no framing, so the save is untrusted and says the file was unreadable; the session
+    file itself, under the cap, is saved. The same subagent file under the cap: trusted."""
+    plain = [claude_record("user", "a plain subagent turn %d %s" % (i, "w " * 100)) for i in range(40)]
+    sid, _ = claude_session(env, [claude_record("user", "run a subagent"), claude_record("assistant", "done")])
+    _subagent_file(env, sid, claude_jsonl([dict(r, sessionId=sid) for r in plain]))
+    big = len(claude_jsonl(plain))
+    assert big > 8000
+    proc = spawn(extra_env={"A4SX_MCP_MAX_LOCAL_BYTES": "8000"})
+    saved, _, is_error = local_save(proc, {"session": sid})
+    assert not is_error and saved["untrusted"] is True, saved
+    assert saved["local_session"]["subagents"] == {"files": 1, "uploaded": False, "unreadable": 1,
+                                                   "holds_the_call": False}, saved
+    other, _ = claude_session(env, [claude_record("user", "run a subagent"), claude_record("assistant", "done")])
+    _subagent_file(env, other, claude_jsonl([dict(r, sessionId=other) for r in plain]))
+    roomy = spawn(extra_env={"A4SX_MCP_MAX_LOCAL_BYTES": str(big + 4096)})
+    under, _, is_error = local_save(roomy, {"session": other})
+    assert not is_error and under["untrusted"] is False and under["local_session"]["subagents"]["unreadable"] == 0
+
+
+def _continued_layout(tmp_path):
+    """testdata's 1.0 continued pair laid out: ``(env, folder, continued file, earlier file)``."""
+    config, folder, mains = cc_layout(tmp_path, "claude-code-1.0.128-continued-framed")
+    continued, = [p for p in mains if p.read_bytes().startswith(b'{"type":"summary"')]
+    earlier, = [p for p in mains if p != continued]
+    return cc_layout_env(config, folder), folder, continued, earlier
+
+
+def test_local_session_continued_file_is_tainted_by_its_earlier_session_s_subagent(spawn, stub, token, env, tmp_path):
+    """A continued file whose earlier session's own file is clean, but whose earlier session's subagent
+    file (2.1's layout: ``<earlier id>/subagents/``) holds the framing: untrusted, and it says which
+    session it continues; before that subagent file was there it was trusted."""
+    extra, folder, continued, earlier = _continued_layout(tmp_path)
+    earlier.write_bytes(claude_jsonl([claude_record("user", "a clean turn", session_id=earlier.stem),
+                                      claude_record("assistant", "a clean answer", session_id=earlier.stem)]))
+    proc = spawn(extra_env=extra)
+    clean, _, is_error = local_save(proc, {"session": continued.stem})
+    assert not is_error and clean["untrusted"] is False and clean["local_session"]["continues"] == earlier.stem, clean
+    framed, = (TESTDATA / "claude-code-2.1.332-subagent").rglob("agent-*.jsonl")
+    assert a4sx_mcp.carries_other_authors_framing(framed.read_bytes())
+    (folder / earlier.stem / "subagents").mkdir(parents=True)
+    shutil.copyfile(str(framed), str(folder / earlier.stem / "subagents" / framed.name))
+    with continued.open("ab") as f:  # a new turn: a new version of the same entry
+        f.write(claude_jsonl([claude_record("user", "one more turn", session_id=earlier.stem)]))
+    saved, _, is_error = local_save(proc, {"session": continued.stem})
+    assert not is_error and saved["untrusted"] is True and saved["local_session"]["continues"] == earlier.stem, saved
+    assert saved["local_session"]["subagents"]["files"] == 1, saved
+
+
+def test_local_session_continued_file_whose_earlier_file_has_a_line_too_large_to_parse(spawn, stub, token, env, tmp_path):
+    """The earlier session's file of a continued file, clean but for a line (with an escape) that would
+    parse over its room: counted as framed, untrusted."""
+    extra, folder, continued, earlier = _continued_layout(tmp_path)
+    earlier.write_bytes(claude_jsonl([claude_record("user", "a clean turn", session_id=earlier.stem)])
+                        + unparseable_line(earlier.stem))
+    proc = spawn(extra_env=extra)
+    saved, _, is_error = local_save(proc, {"session": continued.stem})
+    assert not is_error and saved["untrusted"] is True and saved["local_session"]["continues"] == earlier.stem, saved
+
+
+def test_local_session_continued_file_whose_records_spell_session_id_with_an_escape(spawn, stub, token, env, tmp_path):
+    """The continued file's records spell their ``sessionId`` key with a JSON escape (``session\\u0049d``):
+    the earlier session it carries on is still found (``first_session_id`` reads lines with an escape),
+    and its framed file makes the save untrusted."""
+    extra, folder, continued, earlier = _continued_layout(tmp_path)
+    spelled = continued.read_bytes().replace(b'"sessionId"', b'"session\\u0049d"')
+    assert b'"sessionId"' not in spelled and json.loads(spelled.splitlines()[1])["sessionId"] == earlier.stem
+    continued.write_bytes(spelled)
+    proc = spawn(extra_env=extra)
+    saved, _, is_error = local_save(proc, {"session": continued.stem})
+    assert not is_error and saved["untrusted"] is True and saved["local_session"]["continues"] == earlier.stem, saved
+    assert stub.pushes[-1]["body"] == a4sx_scrubbed(spelled)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_save_stays_within_five_times_the_largest_file_it_reads(spawn, stub, token, env):
+    """Claim 16 counts the largest file a save reads, not the session file: a 389-byte session whose
+    subagent file is 48 MiB (issue 28: 209 MiB peak against "5x the session file + 64 MiB"). Each of its
+    files is read one at a time, each line within the room of its own file's size: the subagent's 20 MiB
+    lines with an escape are parsed (so it is not counted framed: trusted), and the server's peak RSS
+    stays within 5x that 48 MiB + 64 MiB."""
+    sid, path = claude_session(env, [claude_record("user", "run a subagent"), claude_record("assistant", "ok")])
+    path.write_bytes(path.read_bytes()[:389].rsplit(b"\n", 1)[0] + b"\n" if len(path.read_bytes()) > 389
+                     else path.read_bytes())
+    long_line = json.dumps(claude_record("assistant", "x" * (20 << 20) + "\u00e9", session_id=sid)).encode() + b"\n"
+    assert b"\\u00e9" in long_line
+    filler = json.dumps(claude_record("user", "y" * ((48 << 20) - 2 * len(long_line) - 400), session_id=sid)).encode()
+    _subagent_file(env, sid, long_line + long_line + filler + b"\n")
+    largest = (48 << 20)
+    assert abs(len(long_line) * 2 + len(filler) + 1 - largest) < 1024 and len(path.read_bytes()) <= 389
+    proc = spawn()
+    saved, _, is_error = local_save(proc, {"session": sid}, timeout=120)
+    assert not is_error and saved["untrusted"] is False and saved["local_session"]["subagents"]["files"] == 1, saved
+    peak = vm_hwm(proc.proc.pid)
+    assert 5 * len(path.read_bytes()) + (64 << 20) < peak <= 5 * largest + (64 << 20), peak / (1 << 20)
 
 
 @pytest.mark.parametrize("case", ["claude-code-2.0.77-subagent-save", "claude-code-2.1.332-subagent-save"])
@@ -7491,6 +7877,8 @@ def test_completion_of_ids_labels_and_enums(spawn, stub, token, version):
     assert complete(load, "id", "lab-12")["values"][:2] == ["lab-12", "lab-120"]
     assert complete(load, "id", "has")["values"] == []  # prose never reaches a picker
     assert complete({"type": "ref/prompt", "name": "save_session"}, "label", "lab-1")["total"] == 41
+    assert complete({"type": "ref/prompt", "name": "save_session"}, "images", "")["values"] == ["keep", "placeholder"]
+    assert complete({"type": "ref/prompt", "name": "save_session"}, "images", "p")["values"] == ["placeholder"]
     finder = {"type": "ref/prompt", "name": "find_sessions"}
     assert complete(finder, "scope", "l")["values"] == ["library"]
     assert complete(finder, "sort", "r")["values"] == ["relevance", "rating", "recent"]
