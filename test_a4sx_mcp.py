@@ -9351,31 +9351,45 @@ def test_the_quickstart_s_example_requests_find_demo_sessions(tmp_path):
 ON_PYPI = ("0.1.0rc2",)  # the a4sx-mcp releases on PyPI (add a version when it is uploaded)
 
 
+# The MCP Registry's 2025-12-11 server.json schema, as released (its SHA-256 as published), kept here so that
+# the test runs on a clean clone on any platform.
+REGISTRY_SCHEMA = os.path.join(HERE, "testdata", "mcp-registry", "server.schema.json")
+REGISTRY_SCHEMA_SHA256 = "3fba09590c99f61735d234822279f4223fab9e300c0a81e81c91ab62a4114de0"
+# ENVIRONMENT names a user does not set for this server (the system's, or set by the agent that starts it)
+NOT_USER_SET = ("XDG_CONFIG_HOME", "LOCALAPPDATA", "APPDATA", "HOME", "CLAUDE_CODE_SESSION_ID", "CLAUDE_PROJECT_DIR")
+
+
 def test_server_json_is_valid_and_matches_the_package():
     import jsonschema
 
-    schema = json.load(open("/work/shared/mcp-registry/server.schema.json")) if os.path.exists(
-        "/work/shared/mcp-registry/server.schema.json") else json.load(
-        open(os.path.join(HERE, "..", "shared", "mcp-registry", "server.schema.json")))
+    with open(REGISTRY_SCHEMA, "rb") as file:
+        raw = file.read()
+    assert hashlib.sha256(raw).hexdigest() == REGISTRY_SCHEMA_SHA256
+    schema = json.loads(raw)
     document = json.load(open(os.path.join(HERE, "server.json")))
-    jsonschema.validators.validator_for(schema)(schema).validate(document)
+    assert document["$schema"] == schema["$id"]
+    jsonschema.validators.validator_for(schema)(schema, format_checker=jsonschema.FormatChecker()).validate(document)
     assert document["name"] == "com.session-exchange/sessions"
     assert document["version"] == a4sx_mcp.__version__
-    # Issue 23: server.json claims no release that does not exist. Until this version is on PyPI (README's
-    # Quickstart says so) it lists no package; at release, add the PyPI package (a4sx-mcp at this version,
-    # runtimeHint uvx, stdio, A4SX_BASE / A4SX_CONFIG_DIR / A4SX_MCP_LOG) and drop README's line.
+    # Issue 29: the PyPI package at this version, beside the hosted remote; the release workflow publishes
+    # server.json only after PyPI serves this version. README says whether this version is on PyPI yet.
     released = a4sx_mcp.__version__ in ON_PYPI
     unreleased = "**This version (%s) is not on PyPI yet**" % a4sx_mcp.__version__
     readme = open(os.path.join(HERE, "README.md")).read()
-    assert ("packages" in document) is released and (unreleased in readme) is not released
-    for package in document.get("packages", []):
-        assert package["registryType"] == "pypi" and package["identifier"] == "a4sx-mcp"
-        assert package["version"] == a4sx_mcp.__version__ and package["runtimeHint"] == "uvx"
-        assert package["transport"] == {"type": "stdio"}
+    assert (unreleased in readme) is not released
+    [package] = document["packages"]
+    assert package["registryType"] == "pypi" and package["registryBaseUrl"] == "https://pypi.org"
+    assert package["identifier"] == "a4sx-mcp" and package["runtimeHint"] == "uvx"
+    assert package["version"] == a4sx_mcp.__version__ and package["transport"] == {"type": "stdio"}
+    # the variables a user may set: ENVIRONMENT's, less the system's and the agents' own; only the token secret
+    listed = [variable["name"] for variable in package["environmentVariables"]]
+    assert listed == [name for name, _ in a4sx_mcp.ENVIRONMENT if name not in NOT_USER_SET]
+    assert [v["name"] for v in package["environmentVariables"] if v.get("isSecret")] == ["A4SX_SESSION"]
+    assert not any(v.get("isRequired") for v in package["environmentVariables"])  # everything is optional
     assert document["remotes"] == [{"type": "streamable-http", "url": "https://session-exchange.com/mcp"}]
     pyproject = open(os.path.join(HERE, "pyproject.toml")).read()
-    assert 'version = "%s"' % a4sx_mcp.__version__ in pyproject
-    assert "<!-- mcp-name: com.session-exchange/sessions -->" in open(os.path.join(HERE, "README.md")).read()
+    assert re.search(r'^version = "(.*)"$', pyproject, re.M).group(1) == a4sx_mcp.__version__
+    assert "<!-- mcp-name: com.session-exchange/sessions -->" in readme  # PyPI ownership, for the registry
 
 
 def readme_blocks(kind):
