@@ -9458,6 +9458,57 @@ def test_server_json_is_valid_and_matches_the_package():
     assert "<!-- mcp-name: com.session-exchange/sessions -->" in readme  # PyPI ownership, for the registry
 
 
+def workflow_jobs(text):
+    """A workflow's jobs by name: the text of each (the ``jobs:`` block split at its two-space keys)."""
+    jobs = text.split("\njobs:\n", 1)[1]
+    parts = re.split(r"^  ([\w-]+):\n", jobs, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+def test_workflows_pin_actions_and_release_by_trusted_publishing_and_the_domain_key():
+    """Issue 29: every action pinned by full commit SHA (its version in a comment), a read-only token by
+    default; CI runs README's commands on three platforms; the release builds without privileges, publishes
+    to PyPI by trusted publishing (no password or token), waits for PyPI's mcp-name marker, then publishes
+    server.json with mcp-publisher signed in by session-exchange.com's key; RELEASING.md names what the
+    maintainer sets up. (.ci/release-check validates both files against the workflow schema.)"""
+    folder = os.path.join(HERE, ".github", "workflows")
+    ci, release = (open(os.path.join(folder, name), encoding="utf-8").read() for name in ("ci.yml", "release.yml"))
+    for text in (ci, release):
+        uses = re.findall(r"^\s+(?:- )?uses: (\S+)(.*)$", text, re.M)
+        assert uses and all(re.fullmatch(r"[\w.-]+/[\w.-]+@[0-9a-f]{40}", action) and re.fullmatch(r" # v[\d.]+", note)
+                            for action, note in uses), uses
+        assert "\npermissions:\n  contents: read\n" in text and "write-all" not in text
+    readme = open(os.path.join(HERE, "README.md"), encoding="utf-8").read()
+    install, test = readme_blocks("sh")[-2].strip().splitlines()[1:]
+    assert "\n  push:\n  pull_request:\n" in ci
+    assert "run: %s\n" % install in ci and "run: %s\n" % test in ci
+    assert "os: [ubuntu-latest, macos-latest, windows-latest]" in ci and 'python: ["3.9", "3.13"]' in ci
+    assert re.search(r'- os: ubuntu-latest\n\s+python: "3.14"', ci) and 'node-version: "22"' in ci
+    assert "bash .ci/release-check" in ci
+    jobs = workflow_jobs(release)
+    assert list(jobs) == ["build", "pypi", "registry"]
+    assert "\n  release:\n    types: [published]\n" in release
+    assert "twine check --strict" in jobs["build"] and "a4sx-mcp --version" in jobs["build"]
+    assert '"method":"initialize"' in jobs["build"] and "permissions" not in jobs["build"]
+    assert "environment" not in jobs["build"] and "secrets." not in jobs["build"]
+    assert release.count("id-token: write") == 1 and "id-token: write" in jobs["pypi"]
+    assert "name: pypi\n" in jobs["pypi"] and "uses: pypa/gh-action-pypi-publish@" in jobs["pypi"]
+    assert "run:" not in jobs["pypi"] and "with:\n          name: dist" in jobs["pypi"]
+    assert not re.search(r"password|api[_-]?token|PYPI_TOKEN", re.sub(r"#.*", "", release), re.I)  # not in code
+    assert re.findall(r"secrets\.(\w+)", release) == ["MCP_REGISTRY_PRIVATE_KEY"]
+    registry = jobs["registry"]
+    assert "name: mcp-registry\n" in registry and "mcp-name: com.session-exchange/sessions" in registry
+    assert "needs: [build, pypi]" in registry and "sha256sum --check" in registry
+    login = re.search(r"\./mcp-publisher login (.*)", registry).group(1)
+    assert login == '"$LOGIN_METHOD" --domain session-exchange.com --private-key "$MCP_PRIVATE_KEY"'
+    assert registry.index("mcp-publisher login") < registry.index("run: ./mcp-publisher publish")
+    assert "mcp-name: com.session-exchange/sessions" in readme
+    releasing = open(os.path.join(HERE, "RELEASING.md"), encoding="utf-8").read()
+    for needed in ("release.yml", "`pypi`", "`mcp-registry`", "MCP_REGISTRY_PRIVATE_KEY", "MCP_REGISTRY_LOGIN",
+                   "session-exchange.com", "a4sx-mcp", "## [Unreleased]", "v0.1.0"):
+        assert needed in releasing, needed
+
+
 def readme_blocks(kind):
     text = open(os.path.join(HERE, "README.md")).read()
     return re.findall(r"```%s\n(.*?)```" % kind, text, re.S)
