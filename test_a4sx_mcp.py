@@ -61,6 +61,21 @@ POSIX_AGENT_CLIS = pytest.mark.skipif(not ON_POSIX, reason="runs the Claude Code
 LINUX_PROC = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc (Linux only)")
 POSIX_CONFIG_DIR = pytest.mark.skipif(not ON_POSIX, reason="XDG_CONFIG_HOME and ~/.config/a4sx are the POSIX rule; "
                                       "on Windows the config directory is %LOCALAPPDATA%\\a4sx")
+# SECURITY.md's review commands are bash: on Windows, Git's bash on PATH (CreateProcess would find WSL's
+# System32\bash.exe before PATH)
+BASH = shutil.which("bash") or "bash"
+
+
+def _review_shell():
+    """SECURITY.md's ``show`` and ``where`` are bash functions that run python3."""
+    try:
+        return subprocess.run([BASH, "-c", "python3 -c pass"], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+REVIEW_SHELL = pytest.mark.skipif(not _review_shell(), reason="SECURITY.md's show and where need bash with python3 "
+                                  "on PATH (Windows: Git's bash has python and py, not python3)")
 POSIX_PYENV = pytest.mark.skipif(not ON_POSIX, reason="looks for other Pythons in pyenv's POSIX layout (pwd)")
 
 
@@ -84,6 +99,7 @@ def needs_proc(pid):
     """Process memory, threads and descriptors are read from /proc, which only Linux has."""
     if not os.path.isdir("/proc/%d" % pid):
         pytest.skip("reads the process's memory, threads or descriptors from /proc (Linux only)")
+
 
 # ---------------------------------------------------------------------------------------------
 # The offline guard: here, and (through a sitecustomize shim) in every spawned server process
@@ -1726,6 +1742,7 @@ def test_claim_9_lists_every_name_this_file_uses_from_os():
     assert "→ " + ", ".join("`%s`" % name for name in names) + ":" in security, names
 
 
+@REVIEW_SHELL
 def test_each_claim_s_print_line_names_its_places_and_its_size():
     """SECURITY.md's ``show`` snippet, run by bash as a reviewer pastes it: each claim's "Print" line
     names places that exist (``show`` says which it cannot find) and prints about the number of lines
@@ -1736,7 +1753,7 @@ def test_each_claim_s_print_line_names_its_places_and_its_size():
     prints = re.findall(r"^- Print \((\d+) lines\): `show ([^`]+)`", security, re.M)
     assert len(prints) == 16  # one per claim
     for stated, names in prints:
-        done = subprocess.run(["bash", "-c", snippet + "\nshow " + names], cwd=HERE, capture_output=True, text=True,
+        done = subprocess.run([BASH, "-c", snippet + "\nshow " + names], cwd=HERE, capture_output=True, text=True,
                               timeout=60)
         assert done.returncode == 0 and not done.stderr, (names, done.stderr)
         printed = len(re.findall(r"^ *\d+  ", done.stdout, re.M))
@@ -1748,7 +1765,7 @@ def test_each_claim_s_print_line_names_its_places_and_its_size():
     stated, names = one_hour[0]
     claims = dict(re.findall(r"^\*\*(\d+)\. .*?^- Print \(\d+ lines\): `show ([^`]+)`", security, re.M | re.S))
     assert sorted(names.split()) == sorted(set(" ".join(claims[c] for c in ("3", "4", "7", "10")).split()))
-    done = subprocess.run(["bash", "-c", snippet + "\nshow " + names], cwd=HERE, capture_output=True, text=True,
+    done = subprocess.run([BASH, "-c", snippet + "\nshow " + names], cwd=HERE, capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0 and not done.stderr, done.stderr
     numbers = [int(n) for n in re.findall(r"^ *(\d+)  ", done.stdout, re.M)]
@@ -1767,7 +1784,7 @@ def test_each_claim_s_print_line_names_its_places_and_its_size():
     classes = {node.name for node in _module_tree().body if isinstance(node, ast.ClassDef)}
     for claim, searches in REVIEW_SEARCHES.items():
         for pattern, allowed in searches:
-            done = subprocess.run(["bash", "-c", snippet + '\nwhere "$0"', pattern], cwd=HERE, capture_output=True,
+            done = subprocess.run([BASH, "-c", snippet + '\nwhere "$0"', pattern], cwd=HERE, capture_output=True,
                                   text=True, timeout=60)
             assert done.returncode == 0 and not done.stderr, (pattern, done.stderr)
             named = {line.split()[1] for line in done.stdout.splitlines()}
@@ -3170,7 +3187,6 @@ HOSTILE_ROUTES = [("search_sessions", {}, "GET /memory/discover", 3 << 20),
                   ("fetch_session_context", {"id": "s-1"}, "GET /library/fetch", 40 << 20)]
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_chunked_answer_is_held_to_the_cap_whatever_its_content_length(env):
     """Found by the issue 16 review: http.client reads a chunked body to its end and ignores a
     Content-Length beside it, so an announced length below the cap must not mean "read it all"."""
@@ -3203,6 +3219,7 @@ def test_a_chunked_answer_is_held_to_the_cap_whatever_its_content_length(env):
     assert len(sent) < 256, "the whole hostile body was read"
 
 
+@LINUX_PROC
 def test_hostile_answers_on_every_route_stay_within_the_memory_bound(mcp, stub, token):
     seed_stub(stub)
     pid = mcp.proc.pid
