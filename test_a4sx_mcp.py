@@ -9521,6 +9521,9 @@ def test_workflows_pin_actions_and_release_by_trusted_publishing_and_the_domain_
     assert login == '"$LOGIN_METHOD" --domain session-exchange.com --private-key "$MCP_PRIVATE_KEY"'
     assert registry.index("mcp-publisher login") < registry.index("run: ./mcp-publisher publish")
     assert "mcp-name: com.session-exchange/sessions" in readme
+    changelog = open(os.path.join(HERE, "CHANGELOG.md"), encoding="utf-8").read()
+    top = re.search(r"^## (.+)$", changelog, re.M).group(1)  # "[Unreleased]" until the tag; then release.yml
+    assert top == "[Unreleased]" or top.startswith("[%s] - " % a4sx_mcp.__version__), top  # checks the version
     releasing = open(os.path.join(HERE, "RELEASING.md"), encoding="utf-8").read()
     for needed in ("release.yml", "`pypi`", "`mcp-registry`", "MCP_REGISTRY_PRIVATE_KEY", "MCP_REGISTRY_LOGIN",
                    "session-exchange.com", "a4sx-mcp", "## [Unreleased]", "v0.1.0"):
