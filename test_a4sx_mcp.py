@@ -178,7 +178,8 @@ def env(tmp_path, monkeypatch, guard_dir):
     cfg.mkdir()
     guard_log = tmp_path / "guard.log"
     monkeypatch.setenv("HOME", str(home))
-    monkeypatch.setenv("USERPROFILE", str(home))  # what ~ is on Windows (expanduser reads no HOME there)
+    if not ON_POSIX:
+        monkeypatch.setenv("USERPROFILE", str(home))  # what ~ is on Windows (expanduser reads no HOME there)
     monkeypatch.setenv("A4SX_CONFIG_DIR", str(cfg))
     monkeypatch.setenv("TEST_OFFLINE_GUARD_LOG", str(guard_log))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([guard_dir, HERE]))
