@@ -4684,13 +4684,20 @@ def test_publish_scrubs_and_saves_privately(mcp, stub, token):
     assert push["headers"]["authorization"] == "Bearer " + token
     assert push["query"]["client_scrub"] == "full" and push["query"]["label"] == "my-work"
     assert mail not in push["query"]["title"] and "visibility" not in push["query"]
-    assert structured["status"] == "saved" and structured["visibility"] == "private"
+    # the push's answer says no visibility (as the spec has it): the result says what was requested
+    assert structured["status"] == "saved" and structured["visibility"] == "private (requested)"
     assert structured["library_id"] and structured["deduped"] is False and structured["untrusted"] is False
     assert structured["client_redactions"]["lines_changed"] == 1
     assert structured["client_redactions"]["title_and_label"] >= 1
     assert sum(structured["client_redactions"]["rules"].values()) >= 2
     assert "private" in structured["next"].lower() and "review" in structured["next"]
     assert key not in text and mail not in text
+    # the visibility is the answer's own when it states one (a word of this file's), never a constant
+    for said in ("private", "public", "secret-ish"):
+        stub.queue("POST /library/push", 201, {"collection": "lib-vis", "version": "1", "deduped": False,
+                                               "visibility": said})
+        structured, _, is_error = mcp.tool("publish_session", {"transcript": transcript, "label": said})
+        assert not is_error and structured["visibility"] == {"secret-ish": "private (requested)"}.get(said, said)
 
 
 def sent_key(caller_key, push):
@@ -5251,7 +5258,7 @@ def test_publish_refuses_files_that_are_not_transcripts_and_scrubs_smuggled_secr
                                    claude_record("assistant", "noted", session_id="f-1")])
     structured, _, is_error = mcp.tool("publish_session", {"transcript": transcript, "title": "keys " + aws,
                                                            "visibility": "private"})
-    assert not is_error and structured["visibility"] == "private"
+    assert not is_error and structured["visibility"] == "private (requested)"
     push = stub.requests("POST /library/push")[0]
     assert b"b3BlbnNzaC1rZXktdjEAAAAABG5vbmU" not in push["body"] and b"wJalrXUtnFEMI" not in push["body"]
     assert "wJalrXUtnFEMI" not in json.dumps(push["query"]) and "visibility" not in push["query"]
@@ -5893,7 +5900,8 @@ def test_a_save_longer_than_the_bound_answers_saving_and_finishes_through_save_i
     """A save whose upload outlasts A4SX_MCP_ANSWER_WITHIN_S answers status=saving in time, with an
     unguessable save_id and the one instruction; publish_local_session with that save_id waits and
     answers saving again or the saved result, the same on every later call, with exactly one upload.
-    A save of the same session in flight is joined (same save_id), for both tools."""
+    A save of the same bytes with the same options in flight is joined (its own save_id; its result
+    says joined), for both tools; one with other options waits for it, then is a save of its own."""
     proc = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "1"})
     stub.queue("POST /library/push", None, delay=4)  # the normal answer, 4 s late
     transcript = cc_transcript("slow-1")
@@ -5902,20 +5910,24 @@ def test_a_save_longer_than_the_bound_answers_saving_and_finishes_through_save_i
     assert 'call publish_local_session with {"save_id": "%s"}' % first["save_id"] in text, text
     assert first["stage"].startswith("uploading ") or first["stage"].startswith("scrubbing "), first
     joined, _ = saving_call(proc, "publish_session", {"transcript": transcript})  # the same bytes: joined
-    assert joined["status"] == "saving" and joined["save_id"] == first["save_id"], joined
+    assert joined["status"] == "saving" and joined["save_id"] != first["save_id"], joined
     saved, _ = finish_save(proc, first["save_id"])
     assert saved["status"] == "saved" and saved["library_id"] == stub.pushes[0]["collection"], saved
+    assert "joined" not in saved
     again, _ = saving_call(proc, "publish_local_session", {"save_id": first["save_id"]})
     assert again["library_id"] == saved["library_id"] and again["version"] == saved["version"]
+    told, _ = finish_save(proc, joined["save_id"])
+    assert told["joined"] is True and told["library_id"] == saved["library_id"], told
     assert len(stub.pushes) == 1 and len(stub.requests("POST /library/push")) == 1
     # publish_local_session: the same session asked twice while in flight is one save, one upload
     sid, _ = claude_session(env, [claude_record("user", "save me slowly")])
     stub.queue("POST /library/push", None, delay=4)
     local, _ = saving_call(proc, "publish_local_session", {"session": sid})
-    second, _ = saving_call(proc, "publish_local_session", {"session": sid, "title": "again"})
-    assert local["status"] == second["status"] == "saving" and second["save_id"] == local["save_id"]
+    second, _ = saving_call(proc, "publish_local_session", {"session": sid})
+    assert local["status"] == second["status"] == "saving" and second["save_id"] != local["save_id"]
     done, _ = finish_save(proc, local["save_id"])
     assert done["status"] == "saved" and done["local_session"]["id"] == sid and len(stub.pushes) == 2
+    assert finish_save(proc, second["save_id"])[0]["joined"] is True and len(stub.pushes) == 2
     unknown, text = saving_call(proc, "publish_local_session", {"save_id": "0" * 32})
     assert unknown["error"] == "unknown_save" and len(stub.pushes) == 2, text
     alone, _ = saving_call(proc, "publish_local_session", {"save_id": first["save_id"], "title": "x"})
@@ -5933,9 +5945,9 @@ def test_a_save_in_flight_is_not_joined_by_one_with_the_other_images_choice(spaw
     left_out, _ = saving_call(proc, "publish_local_session", {"session": sid, "images": "placeholder"})
     same, _ = saving_call(proc, "publish_local_session", {"session": sid, "images": "keep"})
     assert kept["status"] == left_out["status"] == same["status"] == "saving", (kept, left_out)
-    assert left_out["save_id"] != kept["save_id"] and same["save_id"] == kept["save_id"]
-    done = [finish_save(proc, answer["save_id"])[0] for answer in (kept, left_out)]
-    assert [d["local_session"]["images"]["choice"] for d in done] == ["keep", "placeholder"], done
+    done = [finish_save(proc, answer["save_id"])[0] for answer in (kept, left_out, same)]
+    assert [d["local_session"]["images"]["choice"] for d in done] == ["keep", "placeholder", "keep"], done
+    assert [d.get("joined") for d in done] == [None, None, True], done
     assert len(stub.pushes) == 2 and sorted(b"base64" in p["body"] for p in stub.pushes) == [False, True]
 
 
@@ -5969,8 +5981,8 @@ def test_a_client_s_signal_stops_a_scrubbing_save_and_lets_an_upload_finish_and_
         spawn, stub, token, env, signum):
     """Claude Code ends its servers with SIGINT, Codex CLI with SIGTERM, neither closing stdin first: a
     save still scrubbing stops at once with nothing sent, an upload in flight gets SIGNAL_GRACE_S to
-    finish (else it is cut), the process exits 0, and a later server tells the save_id's caller what
-    became of it (the saved-sessions record)."""
+    finish (else it is stopped: it may be stored), the process exits 0, and a later server tells the
+    save_id's caller what became of it (the saved-sessions record)."""
     turns = [claude_record("user" if i % 2 else "assistant", "line %d of a long session %s" % (i, "w " * 400))
              for i in range(8000)]  # ~7 MiB: seconds of scrubbing
     sid, _ = claude_session(env, turns)
@@ -5988,7 +6000,7 @@ def test_a_client_s_signal_stops_a_scrubbing_save_and_lets_an_upload_finish_and_
     told, text = saving_call(later, "publish_local_session", {"save_id": scrubbing["save_id"]})
     assert told["error"] == "save_ended" and "before anything was sent" in text, text
     # uploading: a push answered within the grace is finished and recorded as saved; a slow one is cut
-    for pushes, (delay, outcome) in enumerate(((a4sx_mcp.SIGNAL_GRACE_S / 2, "saved"), (20, "cut")), 1):
+    for pushes, (delay, outcome) in enumerate(((a4sx_mcp.SIGNAL_GRACE_S / 2, "saved"), (20, "may_be_stored")), 1):
         stub.queue("POST /library/push", None, delay=delay)
         later.send({"jsonrpc": "2.0", "id": 60, "method": "tools/call", "params": {
             "name": "publish_session", "arguments": {"transcript": cc_transcript("end-%d" % pushes)}}})
@@ -5997,7 +6009,7 @@ def test_a_client_s_signal_stops_a_scrubbing_save_and_lets_an_upload_finish_and_
         assert later.proc.wait(10) == 0
         record = json.loads((env["cfg"] / "saved-sessions.json").read_text())[stub.base]
         ended = [v for k, v in record.items() if k.startswith("ended:") and v["session"].startswith("sha256:")]
-        assert sorted(v["outcome"] for v in ended) == sorted(["saved", "cut"][:pushes]), record
+        assert sorted(v["outcome"] for v in ended) == sorted(["saved", "may_be_stored"][:pushes]), record
         later = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "1"})
 
 
@@ -6240,12 +6252,23 @@ def test_local_session_saved_again_is_a_new_version_of_its_entry(spawn, stub, to
     assert again["library_id"] == first["library_id"] and again["version"] == "2"
     assert stub.pushes[-1]["query"]["into"] == first["library_id"]
     assert len([r for r in stub.library if r["id"] == first["library_id"]]) == 1
-    saved = json.loads((env["cfg"] / "saved-sessions.json").read_text())
-    assert saved == {stub.base: {"claude-code:" + sid: first["library_id"]}}
+    assert where_saved(env) == {stub.base: {"claude-code:" + sid: first["library_id"]}}
     stub.library[:] = [r for r in stub.library if r["id"] != first["library_id"]]  # deleted in the web app
     fresh, _, is_error = local_save(proc, {"session": sid})
     assert not is_error and fresh["saved_as"] == "new_entry" and fresh["library_id"] != first["library_id"]
     assert "into" not in stub.pushes[-1]["query"]
+
+
+def where_saved(env):
+    """saved-sessions.json without what became of each save (``ended:<save_id>``)."""
+    saved = json.loads((env["cfg"] / "saved-sessions.json").read_text())
+    return {origin: {k: v for k, v in mine.items() if not k.startswith("ended:")} for origin, mine in saved.items()}
+
+
+def ended_records(env, stub):
+    """saved-sessions.json's ``ended:<save_id>`` records: ``{save_id: record}``."""
+    saved = json.loads((env["cfg"] / "saved-sessions.json").read_text())[stub.base]
+    return {k[len("ended:"):]: v for k, v in saved.items() if k.startswith("ended:")}
 
 
 def test_local_sessions_saved_with_the_same_key_each_get_their_own_entry(spawn, stub, token, env):
@@ -6261,7 +6284,7 @@ def test_local_sessions_saved_with_the_same_key_each_get_their_own_entry(spawn, 
     assert not is_error and b["local_session"]["id"] == second and len(stub.pushes) == 2, b
     assert b["library_id"] == stub.pushes[1]["collection"] != a["library_id"] and b["saved_as"] == "new_entry"
     assert stub.pushes[1]["body"] == path_b.read_bytes()
-    saved = json.loads((env["cfg"] / "saved-sessions.json").read_text())[stub.base]
+    saved = where_saved(env)[stub.base]
     assert saved == {"claude-code:" + first: a["library_id"], "claude-code:" + second: b["library_id"]}
     third, _ = claude_session(env, [claude_record("user", "session C")])
     stub.queue("POST /library/push", 201, raw=b"<html>saved?</html>", store=True)
@@ -6301,8 +6324,7 @@ def test_local_session_saved_as_says_what_the_server_did(spawn, stub, token, env
     moved, _, is_error = local_save(proc, {"session": sid})
     assert not is_error and moved["library_id"] == "lib-elsewhere" and moved["saved_as"] == "new_entry", moved
     assert stub.requests("POST /library/push")[-1]["query"]["into"] == "lib-named"
-    saved = json.loads((env["cfg"] / "saved-sessions.json").read_text())
-    assert saved == {stub.base: {"claude-code:" + sid: "lib-named"}}
+    assert where_saved(env) == {stub.base: {"claude-code:" + sid: "lib-named"}}
 
 
 def test_local_session_rate_limit_comes_before_the_file_is_read(spawn, stub, token, env):
@@ -8063,7 +8085,8 @@ def test_tool_schemas_match_the_spec_exactly():
     assert "required" not in local and local["properties"]["session"]["default"] == "current"
     for name in ("title", "label", "parent", "idempotency_key"):  # the same meanings and limits as publish_session
         assert local["properties"][name] == publish["properties"][name], name
-    assert set(local["properties"]) == {"session", "title", "label", "parent", "idempotency_key", "save_id", "images"}
+    assert set(local["properties"]) == {"session", "title", "label", "parent", "idempotency_key", "save_id", "images",
+                                        "preview"}
     assert local["properties"]["images"]["enum"] == ["keep", "placeholder"]  # no default: the user's choice
 
 
