@@ -3755,6 +3755,7 @@ def tool_publish_local_session(ctx, args):
     finally:
         getattr(prep, "close", lambda: None)()
     result["local_session"] = local
+    result["from_preview"] = kept is not None  # the upload is what that preview scrubbed
     return saved_result(result)
 
 

@@ -303,6 +303,8 @@ def check_output_schema(tool, structured, is_error=False):
     assert error is None, "%s structuredContent does not match its outputSchema: %s" % (tool, error.message[:300])
     if not is_error and structured.get("status") == "saving":  # a save not done yet: this file's words only
         assert set(structured) == {"status", "save_id", "stage", "elapsed_s", "next"}, sorted(structured)
+    elif not is_error and structured.get("status") == "preview":  # nothing was saved: no deduped
+        assert {"status", "visibility", "next"} <= set(structured), sorted(structured)
     elif not is_error:
         assert SERVER_FIELDS_OF[tool] <= set(structured), (tool, sorted(structured))
 
@@ -6011,6 +6013,204 @@ def test_a_client_s_signal_stops_a_scrubbing_save_and_lets_an_upload_finish_and_
         ended = [v for k, v in record.items() if k.startswith("ended:") and v["session"].startswith("sha256:")]
         assert sorted(v["outcome"] for v in ended) == sorted(["saved", "may_be_stored"][:pushes]), record
         later = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "1"})
+
+
+# --- a save says what happened: the write-ahead record, and every stop after it (issue 28) -------
+
+
+def _may_be_stored(text):
+    """The words a stop after an upload attempt left must say, and the ones it must never say."""
+    return "may hold it" in text and "search_sessions" in text and "before anything was sent" not in text
+
+
+@pytest.mark.parametrize("how", ["cancelled", "joined", "legacy-task", "modern-task"])
+def test_a_save_stopped_during_its_upload_says_and_records_that_it_may_be_stored(spawn, stub, token, env, how):
+    """Before an upload's first byte leaves, saved-sessions.json says the save may be stored; a stop
+    after that (notifications/cancelled of the call that started it, tasks/cancel in either revision)
+    never says "nothing was sent": the call that joined it, the task and a later server are told it
+    may be stored and how to check, and the record keeps saying so."""
+    proc = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "30", "A4SX_MCP_LOG": "info"})
+    held = threading.Event()
+    stub.queue("POST /library/push", None, hold=held)  # stored, then answered only once released
+    arguments = {"transcript": cc_transcript("stopped-" + how)}
+    try:
+        if how in ("cancelled", "joined"):
+            proc.send({"jsonrpc": "2.0", "id": 71, "method": "tools/call", "params": {
+                "name": "publish_session", "arguments": arguments}})
+            wait_until(lambda: stub.pushes)  # the library holds it; the answer is held
+            if how == "joined":
+                proc.send({"jsonrpc": "2.0", "id": 72, "method": "tools/call", "params": {
+                    "name": "publish_session", "arguments": arguments}})
+                wait_until(lambda: "outcome=joined" in "".join(proc.stderr))
+            proc.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 71}})
+            if how == "joined":
+                result = proc.wait_for(72)["result"]
+                told = unframe(result["structuredContent"], result["isError"])
+                assert result["isError"] and told["error"] == "may_be_stored", told
+                assert _may_be_stored(result["content"][0]["text"]), result
+            wait_until(lambda: "outcome=may_be_stored" in "".join(proc.stderr))
+            (save_id,) = ended_records(env, stub)
+        else:
+            modern = {"_meta": MODERN_TASKS_META} if how == "modern-task" else {"task": {}}
+            created = proc.request("tools/call", dict(modern, name="publish_session", arguments=arguments))["result"]
+            save_id = created["taskId"] if how == "modern-task" else created["task"]["taskId"]
+            wait_until(lambda: stub.pushes)
+            meta = {"_meta": MODERN_TASKS_META} if how == "modern-task" else {}
+            assert "error" not in proc.request("tasks/cancel", dict(meta, taskId=save_id))
+            got = proc.request("tasks/get", dict(meta, taskId=save_id))["result"]
+            assert got["status"] == "cancelled" and "may hold it" in got["statusMessage"], got
+            if how == "legacy-task":
+                result = proc.request("tasks/result", {"taskId": save_id})["result"]
+                assert result["isError"] and result["structuredContent"]["error"] == "may_be_stored", result
+                assert _may_be_stored(result["content"][0]["text"]), result
+        record = ended_records(env, stub)[save_id]
+        assert record["outcome"] == "may_be_stored" and record["session"].startswith("sha256:"), record
+    finally:
+        held.set()
+    assert len(stub.pushes) == 1 and not [m for m in proc.notes if m.get("id") == 71]
+    later = spawn()
+    told, text = saving_call(later, "publish_local_session", {"save_id": save_id})
+    assert told["error"] == "save_ended" and _may_be_stored(text), text
+
+
+def test_a_signal_while_a_save_waits_to_retry_after_a_stored_503_records_that_it_may_be_stored(
+        spawn, stub, token, env):
+    """An attempt the API stored but answered 503: the save waits to retry; SIGTERM then ends the
+    process, and the record and a later server say the save may be stored (not "stopped before
+    anything was sent")."""
+    proc = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "1"})
+    stub.queue("POST /library/push", 503, {"error": {"code": "unavailable"}}, store=True)
+    waiting, _ = saving_call(proc, "publish_session", {"transcript": cc_transcript("stored-503")})
+    assert waiting["status"] == "saving" and "retrying" in waiting["stage"], waiting
+    assert len(stub.pushes) == 1
+    proc.proc.send_signal(signal.SIGTERM)
+    assert proc.proc.wait(10) == 0
+    assert ended_records(env, stub)[waiting["save_id"]]["outcome"] == "may_be_stored"
+    later = spawn()
+    told, text = saving_call(later, "publish_local_session", {"save_id": waiting["save_id"]})
+    assert told["error"] == "save_ended" and _may_be_stored(text), text
+    assert len(stub.requests("POST /library/push")) == 1
+
+
+def test_quitting_like_claude_code_during_an_upload_leaves_the_truth_on_disk(spawn, stub, token, env):
+    """Interactive Claude Code quits with SIGINT, SIGTERM 0.1 s later and SIGKILL at 0.5 s: before any
+    grace wait the record says the upload in flight may be stored and the save still scrubbing was
+    stopped with nothing sent."""
+    turns = [claude_record("user" if i % 2 else "assistant", "turn %d of a long session %s" % (i, "w " * 400))
+             for i in range(8000)]  # ~7 MiB: seconds of scrubbing
+    sid, _ = claude_session(env, turns)
+    proc = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "1"})
+    held = threading.Event()
+    stub.queue("POST /library/push", None, hold=held)
+    try:
+        uploading, _ = saving_call(proc, "publish_session", {"transcript": cc_transcript("quit-1")})
+        wait_until(lambda: stub.pushes)
+        scrubbing, _ = saving_call(proc, "publish_local_session", {"session": sid})
+        assert scrubbing["status"] == "saving" and scrubbing["stage"].startswith("scrubbing"), scrubbing
+        proc.proc.send_signal(signal.SIGINT)
+        time.sleep(0.1)
+        proc.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.4)
+        proc.proc.kill()
+        proc.proc.wait(10)
+    finally:
+        held.set()
+    records = ended_records(env, stub)
+    assert records[uploading["save_id"]]["outcome"] == "may_be_stored", records
+    assert records[scrubbing["save_id"]] == dict(records[scrubbing["save_id"]], outcome="stopped",
+                                                 session="claude-code:" + sid), records
+    assert len(stub.requests("POST /library/push")) == 1
+
+
+def test_a_save_joins_one_in_flight_only_with_the_same_options_and_the_same_bytes(spawn, stub, token, env):
+    """A second save of the session in flight with another label and a parent holding another
+    author's content is its own save after the first (its options sent, untrusted); a save after the
+    session grew waits, then uploads the new turns as a new version; only the same options and the
+    same bytes join, and that result says joined."""
+    stub.library.append(library_row("lib-theirs", acquired_from={"id": "pub-1"}))
+    sid, path = claude_session(env, [claude_record("user", "save me while I grow")])
+    proc = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "1"})
+    held = threading.Event()
+    stub.queue("POST /library/push", None, hold=held)
+    try:
+        first, _ = saving_call(proc, "publish_local_session", {"session": sid})
+        wait_until(lambda: stub.pushes)
+        other, _ = saving_call(proc, "publish_local_session", {"session": sid, "label": "mine",
+                                                               "parent": "lib-theirs"})
+        same, _ = saving_call(proc, "publish_local_session", {"session": sid})
+        with open(path, "ab") as f:
+            f.write(claude_jsonl([claude_record("assistant", "a turn written meanwhile", session_id=sid)]))
+        grown, _ = saving_call(proc, "publish_local_session", {"session": sid})
+        assert {first["status"], other["status"], same["status"], grown["status"]} == {"saving"}
+        assert len({first["save_id"], other["save_id"], same["save_id"], grown["save_id"]}) == 4
+        assert "waiting for the save of this session" in other["stage"], other
+    finally:
+        held.set()
+    done = {name: finish_save(proc, answer["save_id"])[0] for name, answer in
+            (("first", first), ("other", other), ("same", same), ("grown", grown))}
+    assert all(d["status"] == "saved" for d in done.values()), done
+    assert done["same"]["joined"] is True and done["same"]["library_id"] == done["first"]["library_id"]
+    assert "joined" not in done["other"] and "joined" not in done["grown"]
+    assert done["first"]["untrusted"] is False and done["other"]["untrusted"] is True, done
+    sent = stub.requests("POST /library/push")
+    assert len(sent) == 3 and {r["query"].get("label") for r in sent} == {None, "mine"}, sent
+    assert [r["query"].get("parent") for r in sent if r["query"].get("label") == "mine"] == ["lib-theirs"]
+    assert [b"a turn written meanwhile" in r["body"] for r in sent].count(True) == 1  # after the first
+    assert done["grown"]["saved_as"] == "new_version" and done["grown"]["local_session"]["bytes_read"] == \
+        path.stat().st_size
+
+
+def test_a_preview_sends_nothing_and_says_what_would_leave_and_where(spawn, stub, token, env):
+    """preview: true reads, checks and scrubs the session, lists the library when it must, and sends
+    nothing else (no ensure, no upload): it says the session (harness, bytes, lines), the images and
+    subagents, the scrub's counts (never a value), where it would go and whether it would be
+    untrusted, and why."""
+    key = "sk-ant-api03-" + secrets.token_hex(24)
+    stub.library.append(library_row("lib-theirs", label="copied", acquired_from={"id": "pub-1"}))
+    sid, path = claude_session(env, [claude_record("user", "deploy with " + key),
+                                     claude_record("assistant", "done")])
+    proc = spawn()
+    seen, text, is_error = local_save(proc, {"session": sid, "preview": True})
+    assert not is_error and seen["status"] == "preview" and seen["sent"] is False, seen
+    assert seen["next"] == a4sx_mcp.PREVIEW_NEXT and key not in text
+    assert seen["would_save_as"] == "new_entry" and seen["library_id"] is None
+    assert seen["untrusted"] is False and seen["untrusted_because"] == []
+    local = seen["local_session"]
+    assert (local["id"], local["harness"], local["bytes_read"], local["lines"]) == (
+        sid, "claude-code", path.stat().st_size, 2), local
+    assert local["images"] == {"choice": "keep"} and local["subagents"]["files"] == 0
+    assert seen["client_redactions"]["lines_changed"] == 1 and sum(seen["client_redactions"]["rules"].values()) >= 1
+    assert all(isinstance(n, int) for n in seen["client_redactions"]["rules"].values())
+    assert stub.requests() == []  # nothing needed the listing
+    # a label naming an entry: a new version of it, untrusted because of it; a parent's taint too
+    seen, _, _ = local_save(proc, {"session": sid, "label": "copied", "preview": True})
+    assert seen["would_save_as"] == "new_version" and seen["library_id"] == "lib-theirs", seen
+    assert seen["untrusted"] is True and seen["untrusted_because"] == ["entry"]
+    seen, _, _ = local_save(proc, {"session": sid, "parent": "lib-theirs", "preview": True})
+    assert seen["untrusted_because"] == ["parent"] and seen["parent"] == "lib-theirs", seen
+    assert {r["route"] for r in stub.requests()} == {"GET /library/sessions"} and stub.pushes == []
+    assert not (env["cfg"] / "saved-sessions.json").exists()
+
+
+def test_saving_right_after_a_preview_uploads_what_it_scrubbed(spawn, stub, token, env, monkeypatch):
+    """The save that follows a preview with the same arguments and the same bytes uploads the preview's
+    scrubbed bytes (from_preview, one upload); other arguments or a session that changed since are
+    scrubbed afresh."""
+    sid, path = claude_session(env, [claude_record("user", "preview me")])
+    proc = spawn()
+    local_save(proc, {"session": sid, "label": "one", "preview": True})
+    saved, _, is_error = local_save(proc, {"session": sid, "label": "one"})
+    assert not is_error and saved["from_preview"] is True and len(stub.pushes) == 1, saved
+    assert saved["local_session"]["lines"] == 1
+    local_save(proc, {"session": sid, "label": "two", "preview": True})
+    other, _, _ = local_save(proc, {"session": sid, "label": "three"})
+    assert other["from_preview"] is False
+    local_save(proc, {"session": sid, "label": "two", "preview": True})
+    with open(path, "ab") as f:
+        f.write(claude_jsonl([claude_record("assistant", "changed after the preview", session_id=sid)]))
+    changed, _, _ = local_save(proc, {"session": sid, "label": "two"})
+    assert changed["from_preview"] is False and b"changed after the preview" in stub.pushes[-1]["body"]
+    assert len(stub.requests("POST /library/push")) == 3
 
 
 def test_local_session_that_loaded_another_authors_session_is_saved_untrusted(spawn, stub, token, env):
