@@ -3111,7 +3111,7 @@ TOOLS = [
             "idempotency_key": PUBLISH_PROPERTIES["idempotency_key"],
             "images": {"type": "string", "enum": ["keep", "placeholder"],
                        "description": "The user's choice; placeholder: no image data"},
-            "preview": {"type": "boolean", "description": "Send nothing: say what would be saved, and where."},
+            "preview": {"type": "boolean", "description": "Send nothing; say what would be saved, where."},
             "save_id": {"type": "string", "pattern": "^[0-9a-f]{32}$",
                         "description": "A status=saving answer's save_id, alone: waits for that save's result."},
         }),

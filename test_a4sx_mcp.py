@@ -1548,7 +1548,8 @@ REVIEW_SEARCHES = {
         (r'"text": ', {"get_prompt", "Server.serve_feature", "Server.tool_payload", "_without_image"}),
         (r"\benvelope\(|fenced\(", {"fenced", "envelope", "_frame", "render_context", "context_result"}),
         (r"context_result\(", {"context_result", "tool_fetch_session_context"})],
-    7: [(r"publish_checked\(", {"publish_checked", "tool_publish_session", "tool_publish_local_session"}),
+    7: [(r"publish_checked\(|prepare_publish\(", {"publish_checked", "prepare_publish", "tool_publish_session",
+                                                  "tool_publish_local_session"}),
         (r'"push"|push_with_retries\(', {"<module>", "push_with_retries", "send_prepared"})],
     8: [(r"untrusted = |mark_untrusted\(", {"send_prepared", "mark_untrusted", "tool_search_sessions",
                                             "tool_get_session_summary", "tool_fetch_session_context"})],
@@ -7792,8 +7793,9 @@ def test_every_input_property_is_described_briefly():
         sizes[version] = len(json.dumps({"tools": a4sx_mcp.tools_for(version)}, separators=(",", ":")))
     print("tools/list compact JSON bytes:", sizes)
     # + 119: publish_local_session's images property (issue 24: the user may save a session without
-    # its images), a deliberate growth of exactly its compact JSON
-    assert sizes["2024-11-05"] < 7500 + 119 and sizes[MODERN] < 12500 + 119
+    # its images), a deliberate growth of exactly its compact JSON; + 91: its preview property, and + 131
+    # in the output schemas: a save's visibility as answered, joined, the preview status (issue 28)
+    assert sizes["2024-11-05"] < 7500 + 119 + 91 and sizes[MODERN] < 12500 + 119 + 91 + 131
 
 
 def _interop_library(srv, stub):
