@@ -3735,7 +3735,7 @@ def tool_publish_local_session(ctx, args):
         into, earlier = None, []  # prepare_publish says what is missing
     kept = None if args.get("preview") else ctx.server.previews.take(key, exact, into)
     if kept is not None:  # previewed with these arguments and these bytes: its scrub is reused
-        prep, images = kept
+        (prep, images), held[:] = kept, []
     else:
         images = {"choice": "keep"}
         if args.get("images") == "placeholder":  # the user's choice, never made here; only this file's bytes,
