@@ -5133,7 +5133,8 @@ class Server:
         elif current.result.is_error:  # 2025-11-25 counts a tool error as failed; the extension, completed
             status, message = ("failed" if kind == "legacy" else "completed"), say("the save failed")
         else:
-            status, message = "completed", say("saved")
+            preview = current.result.outcome == "preview"
+            status, message = "completed", say("previewed: nothing was sent") if preview else say("saved")
         stamp = max(save.updated_at, current.updated_at)
         task = {"taskId": save.id, "status": status, "statusMessage": message,
                 "createdAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(save.created_at)),

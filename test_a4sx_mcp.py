@@ -6189,6 +6189,16 @@ def test_a_preview_sends_nothing_and_says_what_would_leave_and_where(spawn, stub
     assert seen["untrusted"] is True and seen["untrusted_because"] == ["entry"]
     seen, _, _ = local_save(proc, {"session": sid, "parent": "lib-theirs", "preview": True})
     assert seen["untrusted_because"] == ["parent"] and seen["parent"] == "lib-theirs", seen
+    # as a task (2026-07-28): completed, and its status says nothing was sent
+    task = proc.request("tools/call", {"name": "publish_local_session", "_meta": MODERN_TASKS_META,
+                                       "arguments": {"session": sid, "preview": True}})["result"]
+    for _ in range(100):
+        got = proc.request("tasks/get", {"taskId": task["taskId"], "_meta": MODERN_TASKS_META})["result"]
+        if got["status"] != "working":
+            break
+        time.sleep(0.1)
+    assert got["status"] == "completed" and got["statusMessage"] == "previewed: nothing was sent", got
+    assert unframe(got["result"]["structuredContent"])["status"] == "preview"
     assert {r["route"] for r in stub.requests()} == {"GET /library/sessions"} and stub.pushes == []
     assert not (env["cfg"] / "saved-sessions.json").exists()
 
@@ -7687,6 +7697,8 @@ def test_find_and_save_prompts_only_ask_for_the_tools(spawn, stub):
     (message,) = saved["result"]["messages"]
     text = message["content"]["text"]
     assert "publish_local_session" in text and "PRIVATE" in text and '{"title": "DB fix", "label": "db"}' in text
+    # it previews first (the arguments the tool takes), then asks the user before the save
+    assert text.index('"preview": true') < text.index("ask me") < text.index("without preview"), text
     assert "transcript" not in text.replace("session's transcript", "").replace("no transcript", "")
     assert proc.request("prompts/get", {"name": "save_session"})["result"]["messages"][0]["content"]["text"] == \
         a4sx_mcp.SAVE_SESSION_TEXT
