@@ -3322,10 +3322,11 @@ class ToolContext:
         if self.save is not None:
             self.server.saves.claim(self.save, key, exact)
 
-    def sending(self):
-        """An upload attempt is about to leave (the write-ahead: ``Saves.sending``); Cancelled if the
-        call was stopped."""
+    def sending(self, caller_key, content_sha):
+        """An upload attempt of ``content_sha`` under ``caller_key`` is about to leave (the write-ahead:
+        ``Saves.sending``); Cancelled if the call was stopped."""
         if self.save is not None:
+            self.save.upload = {"key": caller_key, "sha": content_sha}
             self.server.saves.sending(self.save)
         elif self.cancel.is_set():
             raise Cancelled()
@@ -3889,7 +3890,7 @@ def prepare_publish(ctx, held, args, into=None, local=None, also=(False, ())):
 def send_prepared(ctx, prep):
     """The private upload of a ``Prepared``, then the taint rule and the records. The result's fields."""
     ensure_library(ctx)
-    caller_key = prep.idempotency_key or str(lazy("uuid").uuid4())
+    caller_key = prep.idempotency_key or unsettled_key(ctx, prep.content_sha) or str(lazy("uuid").uuid4())
     headers = {"Idempotency-Key": upload_key(caller_key, prep.content_sha, prep.params),
                "X-Content-SHA256": prep.content_sha}
     collection, body = push_with_retries(ctx, prep.upload, prep.params, headers, caller_key, prep.local is not None)
@@ -3919,6 +3920,24 @@ def send_prepared(ctx, prep):
             except Exception:  # noqa: BLE001 - saved all the same: a later save makes a new entry, not a version
                 log("warning", "could not record where the local session was saved")
     return result
+
+
+def unsettled_key(ctx, content_sha):
+    """The caller key of an upload of these bytes for this session that may be stored (a stop after it
+    left: ``Saves.sending``'s record): sent again, the same Idempotency-Key gets the stored answer back
+    rather than storing it twice. None when there is none."""
+    session = ctx.save.key if ctx.save is not None else None
+    try:
+        entries = (_record_file(SAVED_SESSIONS_FILE) or {}).get(sdk_module("config").normalize_base_url(
+            ctx.settings.base))
+    except SdkMissing:
+        return None
+    for name, value in sorted((entries if isinstance(entries, dict) and session else {}).items()):
+        if (name.startswith("ended:") and isinstance(value, dict) and value.get("session") == session
+                and value.get("outcome") in ("may_be_stored", "cut") and value.get("sha") == content_sha
+                and isinstance(value.get("key"), str) and _IDEMPOTENCY_KEY.match(value["key"])):
+            return value["key"]
+    return None
 
 
 def visibility_of(body):
@@ -3975,7 +3994,7 @@ def push_with_retries(ctx, upload, params, headers, caller_key, local=False):
     (``upload_key``); a local session that grew since is other content (``local``)."""
     attempt, ensured_again = 0, False
     while True:
-        ctx.sending()  # the safe point: stopped here, this attempt sends nothing (an earlier one may have)
+        ctx.sending(caller_key, headers["X-Content-SHA256"])  # the safe point: this attempt sends nothing if stopped
         try:
             with Ticker(ctx, say("uploading %s (attempt %d)", _size(len(upload)), attempt + 1)):
                 status, body = ctx.send("push", params, data=upload, headers=headers,
@@ -4071,6 +4090,7 @@ class Save:
         self.joined = None  # the save of the same session it joined
         self.key = self.exact = None  # its session, and its options and bytes (``Saves.claim``)
         self.sent = False  # an upload attempt left (``Saves.sending``): a stop may leave it stored
+        self.upload = {}  # its caller key and the SHA-256 of its bytes, recorded with it
         self.watchers = set()  # the progress reporters of the calls waiting for it
         self.ttl_s = SAVE_KEEP_S
         self.task = None  # (kind, version) when it runs as an MCP task: "legacy" (2025-11-25) or "modern"
@@ -4169,9 +4189,9 @@ class Saves:
     def record(self, save, outcome):
         """``saved-sessions.json``'s ``ended:<save_id>``: what became of ``save``, for a later server."""
         try:
-            record_saved(self.server.settings.base, "ended:" + save.id, {
+            record_saved(self.server.settings.base, "ended:" + save.id, dict(save.upload, **{
                 "outcome": outcome, "session": save.key or "", "at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                                                    time.gmtime())})
+                                                                                    time.gmtime())}))
         except Exception:  # noqa: BLE001 - the save goes on; the result still says what happened
             log("warning", "could not record what became of a save")
 

@@ -6072,6 +6072,11 @@ def test_a_save_stopped_during_its_upload_says_and_records_that_it_may_be_stored
     later = spawn()
     told, text = saving_call(later, "publish_local_session", {"save_id": save_id})
     assert told["error"] == "save_ended" and _may_be_stored(text), text
+    # saved again, the same bytes go with the same Idempotency-Key: the stored answer, no second version
+    again, _, is_error = later.tool("publish_session", arguments)
+    assert not is_error and again["library_id"] == stub.pushes[0]["collection"] and len(stub.pushes) == 1, again
+    keys = [r["headers"]["idempotency-key"] for r in stub.requests("POST /library/push")]
+    assert len(keys) == 2 and keys[0] == keys[1], keys
 
 
 def test_a_signal_while_a_save_waits_to_retry_after_a_stored_503_records_that_it_may_be_stored(
