@@ -3792,7 +3792,7 @@ class Previews:
             dropped = self._expire(PREVIEWS_KEPT - 1) + ([earlier[1][0]] if earlier else [])
             self.kept[(key, exact)] = (time.monotonic(), value)
         self._close(dropped)
-        timer = threading.Timer(PREVIEW_KEEP_S + 1, lambda: self._close(self._expire(PREVIEWS_KEPT)))
+        timer = threading.Timer(PREVIEW_KEEP_S + 1, self.take, ("", "", None))  # drops what expired meanwhile
         timer.daemon = True
         timer.start()
 
@@ -4048,8 +4048,7 @@ SAVE_POLL_S = 0.2
 # A save stopped (a cancel, tasks/cancel, a signal, stdin closing) after an upload attempt left: the
 # library may hold it, so the caller is sent to look, never to upload the same bytes again blind.
 MAY_BE_STORED = say("This save was stopped after its upload had started: your library may hold it. Check with "
-                    "search_sessions (scope \"library\") before saving this session again; saving it again "
-                    "without checking may store it twice.")
+                    "search_sessions (scope \"library\") before saving this session again.")
 NOTHING_SENT = say("This save was stopped before anything was sent: the call that started it was cancelled, or "
                    "the server stopped. Call the tool again to save.")
 
