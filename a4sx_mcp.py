@@ -3725,7 +3725,8 @@ def tool_publish_local_session(ctx, args):
         raise ToolError("session_unreadable", say("The session file changed after it was found: the bytes read no "
                                                   "longer hold this call. Nothing was sent."))
     key = "%s:%s" % (session.harness, session.id)
-    exact = "%s %s" % (save_options(args), lazy("hashlib").sha256(held[0]).hexdigest())
+    digest = lazy("hashlib").sha256(held[0]).hexdigest()
+    exact = "%s %s" % (save_options(args), digest)
     lines = held[0].count(b"\n")
     if not args.get("preview"):
         ctx.claim(key, exact)  # a save with other options (images too) or other bytes is not joined
@@ -3734,9 +3735,11 @@ def tool_publish_local_session(ctx, args):
         earlier = [saved_entry(ctx.settings.base, "claude-code:" + parts["earlier"])] if parts["earlier"] else []
     except SdkMissing:
         into, earlier = None, []  # prepare_publish says what is missing
-    kept = None if args.get("preview") else ctx.server.previews.take(key, exact, into)
-    if kept is not None:  # previewed with these arguments and these bytes: its scrub is reused
-        (prep, images), held[:] = kept, []
+    kept = None if args.get("preview") else ctx.server.previews.take(key, save_options(args), held[0], into)
+    if kept is not None and parts["framed"] and not kept[0].framed:  # a part framed since: decided afresh
+        kept = Previews.close([kept[0]])
+    if kept is not None:  # previewed with these arguments: what it showed (the session then) is what is saved
+        (prep, images, shown), held[:] = kept, []
     else:
         images = {"choice": "keep"}
         if args.get("images") == "placeholder":  # the user's choice, never made here; only this file's bytes,
@@ -3749,8 +3752,10 @@ def tool_publish_local_session(ctx, args):
         local["continues"] = parts["earlier"]  # (id-shaped: LOCAL_ID)
     if args.get("preview"):
         result = previewed(ctx, prep, local)
-        ctx.server.previews.keep(key, exact, (prep, images))
+        ctx.server.previews.keep(key, save_options(args), (prep, images, {"bytes": size, "lines": lines}), digest)
         return json_result(result, result["untrusted"], "preview", hint_next=PREVIEW_NEXT)
+    if kept is not None:  # what the upload holds: the session as previewed (the turns since go in the next save)
+        local["saved_as_previewed"] = shown
     try:
         result = send_prepared(ctx, prep)
     finally:
@@ -3779,46 +3784,50 @@ def previewed(ctx, prep, local):
 
 class Previews:
     """Previews kept briefly (PREVIEW_KEEP_S, at most PREVIEWS_KEPT), so that saving right after with the
-    same arguments and the same bytes uploads what the preview scrubbed; a ``Prepared`` dropped is
-    closed."""
+    same arguments uploads what the preview showed and scrubbed, while the session file still begins
+    with the bytes it read (a live session grows meanwhile: the preview's own turn is written to it);
+    a ``Prepared`` dropped is closed."""
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.kept = {}  # (session key, exact) -> (monotonic time, (Prepared, images))
+        self.kept = {}  # (session key, options) -> (monotonic time, (Prepared, images, shown), SHA-256 read)
 
-    def keep(self, key, exact, value):
+    def keep(self, key, options, value, digest):
         with self.lock:
-            earlier = self.kept.pop((key, exact), None)
+            earlier = self.kept.pop((key, options), None)
             dropped = self._expire(PREVIEWS_KEPT - 1) + ([earlier[1][0]] if earlier else [])
-            self.kept[(key, exact)] = (time.monotonic(), value)
-        self._close(dropped)
-        timer = threading.Timer(PREVIEW_KEEP_S + 1, self.take, ("", "", None))  # drops what expired meanwhile
+            self.kept[(key, options)] = (time.monotonic(), value, digest)
+        self.close(dropped)
+        timer = threading.Timer(PREVIEW_KEEP_S + 1, self.take, ("", "", b"", None))  # drops what expired
         timer.daemon = True
         timer.start()
 
-    def take(self, key, exact, into):
-        """The preview of this session with these options and bytes, if still kept and its entry is still
-        the one the session would be saved to (it is no longer kept); else None."""
+    def take(self, key, options, data, into):
+        """The preview of this session with these options, if still kept, if ``data`` (the bytes read
+        now) begins with the bytes it read (their SHA-256 is kept with it), and if its entry is still the
+        one the session would be saved to; it is no longer kept. Else None."""
         with self.lock:
             dropped = self._expire(PREVIEWS_KEPT)
-            found = self.kept.pop((key, exact), None)
-        if found is not None and found[1][0].into != into:
-            dropped.append(found[1][0])
-            found = None
-        self._close(dropped)
+            found = self.kept.pop((key, options), None)
+        if found is not None:
+            size, digest = found[1][2]["bytes"], found[2]
+            if found[1][0].into != into or lazy("hashlib").sha256(data[:size]).hexdigest() != digest:
+                dropped.append(found[1][0])
+                found = None
+        self.close(dropped)
         return None if found is None else found[1]
 
     def _expire(self, room):
         """Drops (under the lock) what is older than PREVIEW_KEEP_S and the oldest past ``room``."""
         now, dropped, over = time.monotonic(), [], len(self.kept) - room
-        for index, (name, (at, value)) in enumerate(sorted(self.kept.items(), key=lambda item: item[1][0])):
+        for index, (name, (at, value, _)) in enumerate(sorted(self.kept.items(), key=lambda item: item[1][0])):
             if now - at > PREVIEW_KEEP_S or index < over:
                 dropped.append(value[0])
                 del self.kept[name]
         return dropped
 
     @staticmethod
-    def _close(preps):
+    def close(preps):
         for prep in preps:
             getattr(prep, "close", lambda: None)()
 

@@ -6208,25 +6208,35 @@ def test_a_preview_sends_nothing_and_says_what_would_leave_and_where(spawn, stub
     assert not (env["cfg"] / "saved-sessions.json").exists()
 
 
-def test_saving_right_after_a_preview_uploads_what_it_scrubbed(spawn, stub, token, env, monkeypatch):
-    """The save that follows a preview with the same arguments and the same bytes uploads the preview's
-    scrubbed bytes (from_preview, one upload); other arguments or a session that changed since are
-    scrubbed afresh."""
+def test_saving_right_after_a_preview_uploads_what_it_showed(spawn, stub, token, env):
+    """The save that follows a preview with the same arguments uploads what the preview showed and
+    scrubbed (from_preview, one upload), also when the session grew meanwhile (a live session does:
+    the preview's own turn is written to it; those turns go in the next save); other arguments, or a
+    file that no longer begins with the previewed bytes, are read and scrubbed afresh."""
     sid, path = claude_session(env, [claude_record("user", "preview me")])
     proc = spawn()
     local_save(proc, {"session": sid, "label": "one", "preview": True})
     saved, _, is_error = local_save(proc, {"session": sid, "label": "one"})
     assert not is_error and saved["from_preview"] is True and len(stub.pushes) == 1, saved
-    assert saved["local_session"]["lines"] == 1
+    assert saved["local_session"]["saved_as_previewed"] == {"bytes": path.stat().st_size, "lines": 1}
     local_save(proc, {"session": sid, "label": "two", "preview": True})
     other, _, _ = local_save(proc, {"session": sid, "label": "three"})
-    assert other["from_preview"] is False
+    assert other["from_preview"] is False and "saved_as_previewed" not in other["local_session"]
+    shown = path.stat().st_size
     local_save(proc, {"session": sid, "label": "two", "preview": True})
     with open(path, "ab") as f:
-        f.write(claude_jsonl([claude_record("assistant", "changed after the preview", session_id=sid)]))
-    changed, _, _ = local_save(proc, {"session": sid, "label": "two"})
-    assert changed["from_preview"] is False and b"changed after the preview" in stub.pushes[-1]["body"]
-    assert len(stub.requests("POST /library/push")) == 3
+        f.write(claude_jsonl([claude_record("assistant", "written after the preview", session_id=sid)]))
+    grown, _, _ = local_save(proc, {"session": sid, "label": "two"})
+    assert grown["from_preview"] is True and grown["local_session"]["saved_as_previewed"]["bytes"] == shown
+    assert grown["local_session"]["bytes_read"] == path.stat().st_size > shown
+    assert b"written after the preview" not in stub.requests("POST /library/push")[-1]["body"]
+    later, _, _ = local_save(proc, {"session": sid, "label": "two"})  # the turns since: the next save
+    assert later["from_preview"] is False and b"written after the preview" in stub.pushes[-1]["body"]
+    local_save(proc, {"session": sid, "label": "two", "preview": True})
+    path.write_bytes(path.read_bytes().replace(b"preview me", b"rewritten!"))
+    rewritten, _, _ = local_save(proc, {"session": sid, "label": "two"})
+    assert rewritten["from_preview"] is False and b"rewritten!" in stub.requests("POST /library/push")[-1]["body"]
+    assert len(stub.requests("POST /library/push")) == 5
 
 
 def test_local_session_that_loaded_another_authors_session_is_saved_untrusted(spawn, stub, token, env):
