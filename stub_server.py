@@ -256,18 +256,21 @@ class Stub:
             return [dict(r) for r in self.log if route is None or r["route"] == route]
 
     def queue(self, route, status=200, body=None, *, delay=0.0, drop=False, redirect=None, headers=None,
-              store=False, raw=None, cut=False, trickle=0.0, stall=False, flood=None, announce=True):
+              store=False, raw=None, cut=False, trickle=0.0, stall=False, flood=None, announce=True, hold=None):
         """Queue one canned answer for ``route`` (FIFO). ``status=None`` with ``delay`` gives the
         normal answer, late. ``cut`` (or ``headers={"X-Cut": "1"}``) announces 100 bytes more than
         it sends, then closes. ``store`` (push only) stores the push, then answers with the canned one.
         ``trickle``: the body one byte per that many seconds. ``stall``: headers, then nothing until
         the client hangs up or the stub stops. ``flood=(head, unit, count, tail)``: a body of
         ``head + unit * count + tail`` streamed without building it; ``announce=False`` sends no
-        Content-Length (the body ends when the connection closes)."""
+        Content-Length (the body ends when the connection closes). ``hold``: a ``threading.Event`` the
+        answer waits for (at most 60 s) once the request is read and, with ``store`` or
+        ``status=None``, stored: an upload held until the test releases it."""
         with self._lock:
             self._queues[route].append(dict(status=status, body=body, delay=delay, drop=drop, redirect=redirect,
                                             headers=dict(headers or {}), store=store, raw=raw, cut=cut,
-                                            trickle=trickle, stall=stall, flood=flood, announce=announce))
+                                            trickle=trickle, stall=stall, flood=flood, announce=announce,
+                                            hold=hold))
 
     def clear_queue(self):
         with self._lock:
@@ -322,6 +325,8 @@ class Stub:
             return None
         if canned["store"] or canned["status"] is None:
             status, body = self._answer(rec, route, path, query, headers)
+            if canned["hold"] is not None:
+                canned["hold"].wait(60)
             if canned["status"] is None:
                 return self._send(h, rec, status, body)
         extra = dict(canned["headers"])

@@ -359,6 +359,8 @@ def check_output_schema(tool, structured, is_error=False):
     assert error is None, "%s structuredContent does not match its outputSchema: %s" % (tool, error.message[:300])
     if not is_error and structured.get("status") == "saving":  # a save not done yet: this file's words only
         assert set(structured) == {"status", "save_id", "stage", "elapsed_s", "next"}, sorted(structured)
+    elif not is_error and structured.get("status") == "preview":  # nothing was saved: no deduped
+        assert {"status", "visibility", "next"} <= set(structured), sorted(structured)
     elif not is_error:
         assert SERVER_FIELDS_OF[tool] <= set(structured), (tool, sorted(structured))
 
@@ -1605,7 +1607,8 @@ REVIEW_SEARCHES = {
         (r'"text": ', {"get_prompt", "Server.serve_feature", "Server.tool_payload"}),
         (r"\benvelope\(|fenced\(", {"fenced", "envelope", "_frame", "render_context", "context_result"}),
         (r"context_result\(", {"context_result", "tool_fetch_session_context"})],
-    7: [(r"publish_checked\(", {"publish_checked", "tool_publish_session", "tool_publish_local_session"}),
+    7: [(r"publish_checked\(|prepare_publish\(", {"publish_checked", "prepare_publish", "tool_publish_session",
+                                                  "tool_publish_local_session"}),
         (r'"push"|push_with_retries\(', {"<module>", "push_with_retries", "send_prepared"})],
     8: [(r"untrusted = |mark_untrusted\(", {"send_prepared", "mark_untrusted", "tool_search_sessions",
                                             "tool_get_session_summary", "tool_fetch_session_context"})],
@@ -4841,13 +4844,20 @@ def test_publish_scrubs_and_saves_privately(mcp, stub, token):
     assert push["headers"]["authorization"] == "Bearer " + token
     assert push["query"]["client_scrub"] == "full" and push["query"]["label"] == "my-work"
     assert mail not in push["query"]["title"] and "visibility" not in push["query"]
-    assert structured["status"] == "saved" and structured["visibility"] == "private"
+    # the push's answer says no visibility (as the spec has it): the result says what was requested
+    assert structured["status"] == "saved" and structured["visibility"] == "private (requested)"
     assert structured["library_id"] and structured["deduped"] is False and structured["untrusted"] is False
     assert structured["client_redactions"]["lines_changed"] == 1
     assert structured["client_redactions"]["title_and_label"] >= 1
     assert sum(structured["client_redactions"]["rules"].values()) >= 2
     assert "private" in structured["next"].lower() and "review" in structured["next"]
     assert key not in text and mail not in text
+    # the visibility is the answer's own when it states one (a word of this file's), never a constant
+    for said in ("private", "public", "secret-ish"):
+        stub.queue("POST /library/push", 201, {"collection": "lib-vis", "version": "1", "deduped": False,
+                                               "visibility": said})
+        structured, _, is_error = mcp.tool("publish_session", {"transcript": transcript, "label": said})
+        assert not is_error and structured["visibility"] == {"secret-ish": "private (requested)"}.get(said, said)
 
 
 def test_the_sdk_scrub_passes_over_a_secret_right_after_a_data_image_prefix(mcp, stub, token):
@@ -5423,7 +5433,7 @@ def test_publish_refuses_files_that_are_not_transcripts_and_scrubs_smuggled_secr
                                    claude_record("assistant", "noted", session_id="f-1")])
     structured, _, is_error = mcp.tool("publish_session", {"transcript": transcript, "title": "keys " + aws,
                                                            "visibility": "private"})
-    assert not is_error and structured["visibility"] == "private"
+    assert not is_error and structured["visibility"] == "private (requested)"
     push = stub.requests("POST /library/push")[0]
     assert b"b3BlbnNzaC1rZXktdjEAAAAABG5vbmU" not in push["body"] and b"wJalrXUtnFEMI" not in push["body"]
     assert "wJalrXUtnFEMI" not in json.dumps(push["query"]) and "visibility" not in push["query"]
@@ -6224,7 +6234,8 @@ def test_a_save_longer_than_the_bound_answers_saving_and_finishes_through_save_i
     """A save whose upload outlasts A4SX_MCP_ANSWER_WITHIN_S answers status=saving in time, with an
     unguessable save_id and the one instruction; publish_local_session with that save_id waits and
     answers saving again or the saved result, the same on every later call, with exactly one upload.
-    A save of the same session in flight is joined (same save_id), for both tools."""
+    A save of the same bytes with the same options in flight is joined (its own save_id; its result
+    says joined), for both tools; one with other options waits for it, then is a save of its own."""
     proc = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "1"})
     stub.queue("POST /library/push", None, delay=4)  # the normal answer, 4 s late
     transcript = cc_transcript("slow-1")
@@ -6233,20 +6244,24 @@ def test_a_save_longer_than_the_bound_answers_saving_and_finishes_through_save_i
     assert 'call publish_local_session with {"save_id": "%s"}' % first["save_id"] in text, text
     assert first["stage"].startswith("uploading ") or first["stage"].startswith("scrubbing "), first
     joined, _ = saving_call(proc, "publish_session", {"transcript": transcript})  # the same bytes: joined
-    assert joined["status"] == "saving" and joined["save_id"] == first["save_id"], joined
+    assert joined["status"] == "saving" and joined["save_id"] != first["save_id"], joined
     saved, _ = finish_save(proc, first["save_id"])
     assert saved["status"] == "saved" and saved["library_id"] == stub.pushes[0]["collection"], saved
+    assert "joined" not in saved
     again, _ = saving_call(proc, "publish_local_session", {"save_id": first["save_id"]})
     assert again["library_id"] == saved["library_id"] and again["version"] == saved["version"]
+    told, _ = finish_save(proc, joined["save_id"])
+    assert told["joined"] is True and told["library_id"] == saved["library_id"], told
     assert len(stub.pushes) == 1 and len(stub.requests("POST /library/push")) == 1
     # publish_local_session: the same session asked twice while in flight is one save, one upload
     sid, _ = claude_session(env, [claude_record("user", "save me slowly")])
     stub.queue("POST /library/push", None, delay=4)
     local, _ = saving_call(proc, "publish_local_session", {"session": sid})
-    second, _ = saving_call(proc, "publish_local_session", {"session": sid, "title": "again"})
-    assert local["status"] == second["status"] == "saving" and second["save_id"] == local["save_id"]
+    second, _ = saving_call(proc, "publish_local_session", {"session": sid})
+    assert local["status"] == second["status"] == "saving" and second["save_id"] != local["save_id"]
     done, _ = finish_save(proc, local["save_id"])
     assert done["status"] == "saved" and done["local_session"]["id"] == sid and len(stub.pushes) == 2
+    assert finish_save(proc, second["save_id"])[0]["joined"] is True and len(stub.pushes) == 2
     unknown, text = saving_call(proc, "publish_local_session", {"save_id": "0" * 32})
     assert unknown["error"] == "unknown_save" and len(stub.pushes) == 2, text
     alone, _ = saving_call(proc, "publish_local_session", {"save_id": first["save_id"], "title": "x"})
@@ -6264,9 +6279,9 @@ def test_a_save_in_flight_is_not_joined_by_one_with_the_other_images_choice(spaw
     left_out, _ = saving_call(proc, "publish_local_session", {"session": sid, "images": "placeholder"})
     same, _ = saving_call(proc, "publish_local_session", {"session": sid, "images": "keep"})
     assert kept["status"] == left_out["status"] == same["status"] == "saving", (kept, left_out)
-    assert left_out["save_id"] != kept["save_id"] and same["save_id"] == kept["save_id"]
-    done = [finish_save(proc, answer["save_id"])[0] for answer in (kept, left_out)]
-    assert [d["local_session"]["images"]["choice"] for d in done] == ["keep", "placeholder"], done
+    done = [finish_save(proc, answer["save_id"])[0] for answer in (kept, left_out, same)]
+    assert [d["local_session"]["images"]["choice"] for d in done] == ["keep", "placeholder", "keep"], done
+    assert [d.get("joined") for d in done] == [None, None, True], done
     assert len(stub.pushes) == 2 and sorted(PNG_DATA in p["body"] for p in stub.pushes) == [False, True]
 
 
@@ -6301,8 +6316,8 @@ def test_a_client_s_signal_stops_a_scrubbing_save_and_lets_an_upload_finish_and_
         spawn, stub, token, env, signum):
     """Claude Code ends its servers with SIGINT, Codex CLI with SIGTERM, neither closing stdin first: a
     save still scrubbing stops at once with nothing sent, an upload in flight gets SIGNAL_GRACE_S to
-    finish (else it is cut), the process exits 0, and a later server tells the save_id's caller what
-    became of it (the saved-sessions record)."""
+    finish (else it is stopped: it may be stored), the process exits 0, and a later server tells the
+    save_id's caller what became of it (the saved-sessions record)."""
     turns = [claude_record("user" if i % 2 else "assistant", "line %d of a long session %s" % (i, "w " * 400))
              for i in range(8000)]  # ~7 MiB: seconds of scrubbing
     sid, _ = claude_session(env, turns)
@@ -6320,7 +6335,7 @@ def test_a_client_s_signal_stops_a_scrubbing_save_and_lets_an_upload_finish_and_
     told, text = saving_call(later, "publish_local_session", {"save_id": scrubbing["save_id"]})
     assert told["error"] == "save_ended" and "before anything was sent" in text, text
     # uploading: a push answered within the grace is finished and recorded as saved; a slow one is cut
-    for pushes, (delay, outcome) in enumerate(((a4sx_mcp.SIGNAL_GRACE_S / 2, "saved"), (20, "cut")), 1):
+    for pushes, (delay, outcome) in enumerate(((a4sx_mcp.SIGNAL_GRACE_S / 2, "saved"), (20, "may_be_stored")), 1):
         stub.queue("POST /library/push", None, delay=delay)
         later.send({"jsonrpc": "2.0", "id": 60, "method": "tools/call", "params": {
             "name": "publish_session", "arguments": {"transcript": cc_transcript("end-%d" % pushes)}}})
@@ -6329,8 +6344,231 @@ def test_a_client_s_signal_stops_a_scrubbing_save_and_lets_an_upload_finish_and_
         assert later.proc.wait(10) == 0
         record = json.loads((env["cfg"] / "saved-sessions.json").read_text())[stub.base]
         ended = [v for k, v in record.items() if k.startswith("ended:") and v["session"].startswith("sha256:")]
-        assert sorted(v["outcome"] for v in ended) == sorted(["saved", "cut"][:pushes]), record
+        assert sorted(v["outcome"] for v in ended) == sorted(["saved", "may_be_stored"][:pushes]), record
         later = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "1"})
+
+
+# --- a save says what happened: the write-ahead record, and every stop after it (issue 28) -------
+
+
+def _may_be_stored(text):
+    """The words a stop after an upload attempt left must say, and the ones it must never say."""
+    return "may hold it" in text and "search_sessions" in text and "before anything was sent" not in text
+
+
+@pytest.mark.parametrize("how", ["cancelled", "joined", "legacy-task", "modern-task"])
+def test_a_save_stopped_during_its_upload_says_and_records_that_it_may_be_stored(spawn, stub, token, env, how):
+    """Before an upload's first byte leaves, saved-sessions.json says the save may be stored; a stop
+    after that (notifications/cancelled of the call that started it, tasks/cancel in either revision)
+    never says "nothing was sent": the call that joined it, the task and a later server are told it
+    may be stored and how to check, and the record keeps saying so."""
+    proc = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "30", "A4SX_MCP_LOG": "info"})
+    held = threading.Event()
+    stub.queue("POST /library/push", None, hold=held)  # stored, then answered only once released
+    arguments = {"transcript": cc_transcript("stopped-" + how)}
+    try:
+        if how in ("cancelled", "joined"):
+            proc.send({"jsonrpc": "2.0", "id": 71, "method": "tools/call", "params": {
+                "name": "publish_session", "arguments": arguments}})
+            wait_until(lambda: stub.pushes)  # the library holds it; the answer is held
+            if how == "joined":
+                proc.send({"jsonrpc": "2.0", "id": 72, "method": "tools/call", "params": {
+                    "name": "publish_session", "arguments": arguments}})
+                wait_until(lambda: "outcome=joined" in "".join(proc.stderr))
+            proc.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 71}})
+            if how == "joined":
+                result = proc.wait_for(72)["result"]
+                told = unframe(result["structuredContent"], result["isError"])
+                assert result["isError"] and told["error"] == "may_be_stored", told
+                assert _may_be_stored(result["content"][0]["text"]), result
+            wait_until(lambda: "outcome=may_be_stored" in "".join(proc.stderr))
+            (save_id,) = ended_records(env, stub)
+        else:
+            modern = {"_meta": MODERN_TASKS_META} if how == "modern-task" else {"task": {}}
+            created = proc.request("tools/call", dict(modern, name="publish_session", arguments=arguments))["result"]
+            save_id = created["taskId"] if how == "modern-task" else created["task"]["taskId"]
+            wait_until(lambda: stub.pushes)
+            meta = {"_meta": MODERN_TASKS_META} if how == "modern-task" else {}
+            assert "error" not in proc.request("tasks/cancel", dict(meta, taskId=save_id))
+            got = proc.request("tasks/get", dict(meta, taskId=save_id))["result"]
+            assert got["status"] == "cancelled" and "may hold it" in got["statusMessage"], got
+            if how == "legacy-task":
+                result = proc.request("tasks/result", {"taskId": save_id})["result"]
+                assert result["isError"] and result["structuredContent"]["error"] == "may_be_stored", result
+                assert _may_be_stored(result["content"][0]["text"]), result
+        record = ended_records(env, stub)[save_id]
+        assert record["outcome"] == "may_be_stored" and record["session"].startswith("sha256:"), record
+    finally:
+        held.set()
+    assert len(stub.pushes) == 1 and not [m for m in proc.notes if m.get("id") == 71]
+    later = spawn()
+    told, text = saving_call(later, "publish_local_session", {"save_id": save_id})
+    assert told["error"] == "save_ended" and _may_be_stored(text), text
+    # saved again, the same bytes go with the same Idempotency-Key: the stored answer, no second version
+    again, _, is_error = later.tool("publish_session", arguments)
+    assert not is_error and again["library_id"] == stub.pushes[0]["collection"] and len(stub.pushes) == 1, again
+    keys = [r["headers"]["idempotency-key"] for r in stub.requests("POST /library/push")]
+    assert len(keys) == 2 and keys[0] == keys[1], keys
+
+
+def test_a_signal_while_a_save_waits_to_retry_after_a_stored_503_records_that_it_may_be_stored(
+        spawn, stub, token, env):
+    """An attempt the API stored but answered 503: the save waits to retry; SIGTERM then ends the
+    process, and the record and a later server say the save may be stored (not "stopped before
+    anything was sent")."""
+    proc = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "1"})
+    stub.queue("POST /library/push", 503, {"error": {"code": "unavailable"}}, store=True)
+    waiting, _ = saving_call(proc, "publish_session", {"transcript": cc_transcript("stored-503")})
+    assert waiting["status"] == "saving" and "retrying" in waiting["stage"], waiting
+    assert len(stub.pushes) == 1
+    proc.proc.send_signal(signal.SIGTERM)
+    assert proc.proc.wait(10) == 0
+    assert ended_records(env, stub)[waiting["save_id"]]["outcome"] == "may_be_stored"
+    later = spawn()
+    told, text = saving_call(later, "publish_local_session", {"save_id": waiting["save_id"]})
+    assert told["error"] == "save_ended" and _may_be_stored(text), text
+    assert len(stub.requests("POST /library/push")) == 1
+
+
+def test_quitting_like_claude_code_during_an_upload_leaves_the_truth_on_disk(spawn, stub, token, env):
+    """Interactive Claude Code quits with SIGINT, SIGTERM 0.1 s later and SIGKILL at 0.5 s: before any
+    grace wait the record says the upload in flight may be stored and the save still scrubbing was
+    stopped with nothing sent."""
+    turns = [claude_record("user" if i % 2 else "assistant", "turn %d of a long session %s" % (i, "w " * 400))
+             for i in range(8000)]  # ~7 MiB: seconds of scrubbing
+    sid, _ = claude_session(env, turns)
+    proc = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "1"})
+    held = threading.Event()
+    stub.queue("POST /library/push", None, hold=held)
+    try:
+        uploading, _ = saving_call(proc, "publish_session", {"transcript": cc_transcript("quit-1")})
+        wait_until(lambda: stub.pushes)
+        scrubbing, _ = saving_call(proc, "publish_local_session", {"session": sid})
+        assert scrubbing["status"] == "saving" and scrubbing["stage"].startswith("scrubbing"), scrubbing
+        proc.proc.send_signal(signal.SIGINT)
+        time.sleep(0.1)
+        proc.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.4)
+        proc.proc.kill()
+        proc.proc.wait(10)
+    finally:
+        held.set()
+    records = ended_records(env, stub)
+    assert records[uploading["save_id"]]["outcome"] == "may_be_stored", records
+    assert records[scrubbing["save_id"]] == dict(records[scrubbing["save_id"]], outcome="stopped",
+                                                 session="claude-code:" + sid), records
+    assert len(stub.requests("POST /library/push")) == 1
+
+
+def test_a_save_joins_one_in_flight_only_with_the_same_options_and_the_same_bytes(spawn, stub, token, env):
+    """A second save of the session in flight with another label and a parent holding another
+    author's content is its own save after the first (its options sent, untrusted); a save after the
+    session grew waits, then uploads the new turns as a new version; only the same options and the
+    same bytes join, and that result says joined."""
+    stub.library.append(library_row("lib-theirs", acquired_from={"id": "pub-1"}))
+    sid, path = claude_session(env, [claude_record("user", "save me while I grow")])
+    proc = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "1"})
+    held = threading.Event()
+    stub.queue("POST /library/push", None, hold=held)
+    try:
+        first, _ = saving_call(proc, "publish_local_session", {"session": sid})
+        wait_until(lambda: stub.pushes)
+        other, _ = saving_call(proc, "publish_local_session", {"session": sid, "label": "mine",
+                                                               "parent": "lib-theirs"})
+        same, _ = saving_call(proc, "publish_local_session", {"session": sid})
+        with open(path, "ab") as f:
+            f.write(claude_jsonl([claude_record("assistant", "a turn written meanwhile", session_id=sid)]))
+        grown, _ = saving_call(proc, "publish_local_session", {"session": sid})
+        assert {first["status"], other["status"], same["status"], grown["status"]} == {"saving"}
+        assert len({first["save_id"], other["save_id"], same["save_id"], grown["save_id"]}) == 4
+        assert "waiting for the save of this session" in other["stage"], other
+    finally:
+        held.set()
+    done = {name: finish_save(proc, answer["save_id"])[0] for name, answer in
+            (("first", first), ("other", other), ("same", same), ("grown", grown))}
+    assert all(d["status"] == "saved" for d in done.values()), done
+    assert done["same"]["joined"] is True and done["same"]["library_id"] == done["first"]["library_id"]
+    assert "joined" not in done["other"] and "joined" not in done["grown"]
+    assert done["first"]["untrusted"] is False and done["other"]["untrusted"] is True, done
+    sent = stub.requests("POST /library/push")
+    assert len(sent) == 3 and {r["query"].get("label") for r in sent} == {None, "mine"}, sent
+    assert [r["query"].get("parent") for r in sent if r["query"].get("label") == "mine"] == ["lib-theirs"]
+    assert [b"a turn written meanwhile" in r["body"] for r in sent].count(True) == 1  # after the first
+    assert done["grown"]["saved_as"] == "new_version" and done["grown"]["local_session"]["bytes_read"] == \
+        path.stat().st_size
+
+
+def test_a_preview_sends_nothing_and_says_what_would_leave_and_where(spawn, stub, token, env):
+    """preview: true reads, checks and scrubs the session, lists the library when it must, and sends
+    nothing else (no ensure, no upload): it says the session (harness, bytes, lines), the images and
+    subagents, the scrub's counts (never a value), where it would go and whether it would be
+    untrusted, and why."""
+    key = "sk-ant-api03-" + secrets.token_hex(24)
+    stub.library.append(library_row("lib-theirs", label="copied", acquired_from={"id": "pub-1"}))
+    sid, path = claude_session(env, [claude_record("user", "deploy with " + key),
+                                     claude_record("assistant", "done")])
+    proc = spawn()
+    seen, text, is_error = local_save(proc, {"session": sid, "preview": True})
+    assert not is_error and seen["status"] == "preview" and seen["sent"] is False, seen
+    assert seen["next"] == a4sx_mcp.PREVIEW_NEXT and key not in text
+    assert seen["would_save_as"] == "new_entry" and seen["library_id"] is None
+    assert seen["untrusted"] is False and seen["untrusted_because"] == []
+    local = seen["local_session"]
+    assert (local["id"], local["harness"], local["bytes_read"], local["lines"]) == (
+        sid, "claude-code", path.stat().st_size, 2), local
+    assert local["images"] == {"choice": "keep"} and local["subagents"]["files"] == 0
+    assert seen["client_redactions"]["lines_changed"] == 1 and sum(seen["client_redactions"]["rules"].values()) >= 1
+    assert all(isinstance(n, int) for n in seen["client_redactions"]["rules"].values())
+    assert stub.requests() == []  # nothing needed the listing
+    # a label naming an entry: a new version of it, untrusted because of it; a parent's taint too
+    seen, _, _ = local_save(proc, {"session": sid, "label": "copied", "preview": True})
+    assert seen["would_save_as"] == "new_version" and seen["library_id"] == "lib-theirs", seen
+    assert seen["untrusted"] is True and seen["untrusted_because"] == ["entry"]
+    seen, _, _ = local_save(proc, {"session": sid, "parent": "lib-theirs", "preview": True})
+    assert seen["untrusted_because"] == ["parent"] and seen["parent"] == "lib-theirs", seen
+    # as a task (2026-07-28): completed, and its status says nothing was sent
+    task = proc.request("tools/call", {"name": "publish_local_session", "_meta": MODERN_TASKS_META,
+                                       "arguments": {"session": sid, "preview": True}})["result"]
+    for _ in range(100):
+        got = proc.request("tasks/get", {"taskId": task["taskId"], "_meta": MODERN_TASKS_META})["result"]
+        if got["status"] != "working":
+            break
+        time.sleep(0.1)
+    assert got["status"] == "completed" and got["statusMessage"] == "previewed: nothing was sent", got
+    assert unframe(got["result"]["structuredContent"])["status"] == "preview"
+    assert {r["route"] for r in stub.requests()} == {"GET /library/sessions"} and stub.pushes == []
+    assert not (env["cfg"] / "saved-sessions.json").exists()
+
+
+def test_saving_right_after_a_preview_uploads_what_it_showed(spawn, stub, token, env):
+    """The save that follows a preview with the same arguments uploads what the preview showed and
+    scrubbed (from_preview, one upload), also when the session grew meanwhile (a live session does:
+    the preview's own turn is written to it; those turns go in the next save); other arguments, or a
+    file that no longer begins with the previewed bytes, are read and scrubbed afresh."""
+    sid, path = claude_session(env, [claude_record("user", "preview me")])
+    proc = spawn()
+    local_save(proc, {"session": sid, "label": "one", "preview": True})
+    saved, _, is_error = local_save(proc, {"session": sid, "label": "one"})
+    assert not is_error and saved["from_preview"] is True and len(stub.pushes) == 1, saved
+    assert saved["local_session"]["saved_as_previewed"] == {"bytes": path.stat().st_size, "lines": 1}
+    local_save(proc, {"session": sid, "label": "two", "preview": True})
+    other, _, _ = local_save(proc, {"session": sid, "label": "three"})
+    assert other["from_preview"] is False and "saved_as_previewed" not in other["local_session"]
+    shown = path.stat().st_size
+    local_save(proc, {"session": sid, "label": "two", "preview": True})
+    with open(path, "ab") as f:
+        f.write(claude_jsonl([claude_record("assistant", "written after the preview", session_id=sid)]))
+    grown, _, _ = local_save(proc, {"session": sid, "label": "two"})
+    assert grown["from_preview"] is True and grown["local_session"]["saved_as_previewed"]["bytes"] == shown
+    assert grown["local_session"]["bytes_read"] == path.stat().st_size > shown
+    assert b"written after the preview" not in stub.requests("POST /library/push")[-1]["body"]
+    later, _, _ = local_save(proc, {"session": sid, "label": "two"})  # the turns since: the next save
+    assert later["from_preview"] is False and b"written after the preview" in stub.pushes[-1]["body"]
+    local_save(proc, {"session": sid, "label": "two", "preview": True})
+    path.write_bytes(path.read_bytes().replace(b"preview me", b"rewritten!"))
+    rewritten, _, _ = local_save(proc, {"session": sid, "label": "two"})
+    assert rewritten["from_preview"] is False and b"rewritten!" in stub.requests("POST /library/push")[-1]["body"]
+    assert len(stub.requests("POST /library/push")) == 5
 
 
 def test_local_session_that_loaded_another_authors_session_is_saved_untrusted(spawn, stub, token, env):
@@ -6700,12 +6938,23 @@ def test_local_session_saved_again_is_a_new_version_of_its_entry(spawn, stub, to
     assert again["library_id"] == first["library_id"] and again["version"] == "2"
     assert stub.pushes[-1]["query"]["into"] == first["library_id"]
     assert len([r for r in stub.library if r["id"] == first["library_id"]]) == 1
-    saved = json.loads((env["cfg"] / "saved-sessions.json").read_text())
-    assert saved == {stub.base: {"claude-code:" + sid: first["library_id"]}}
+    assert where_saved(env) == {stub.base: {"claude-code:" + sid: first["library_id"]}}
     stub.library[:] = [r for r in stub.library if r["id"] != first["library_id"]]  # deleted in the web app
     fresh, _, is_error = local_save(proc, {"session": sid})
     assert not is_error and fresh["saved_as"] == "new_entry" and fresh["library_id"] != first["library_id"]
     assert "into" not in stub.pushes[-1]["query"]
+
+
+def where_saved(env):
+    """saved-sessions.json without what became of each save (``ended:<save_id>``)."""
+    saved = json.loads((env["cfg"] / "saved-sessions.json").read_text())
+    return {origin: {k: v for k, v in mine.items() if not k.startswith("ended:")} for origin, mine in saved.items()}
+
+
+def ended_records(env, stub):
+    """saved-sessions.json's ``ended:<save_id>`` records: ``{save_id: record}``."""
+    saved = json.loads((env["cfg"] / "saved-sessions.json").read_text())[stub.base]
+    return {k[len("ended:"):]: v for k, v in saved.items() if k.startswith("ended:")}
 
 
 def test_local_sessions_saved_with_the_same_key_each_get_their_own_entry(spawn, stub, token, env):
@@ -6721,7 +6970,7 @@ def test_local_sessions_saved_with_the_same_key_each_get_their_own_entry(spawn, 
     assert not is_error and b["local_session"]["id"] == second and len(stub.pushes) == 2, b
     assert b["library_id"] == stub.pushes[1]["collection"] != a["library_id"] and b["saved_as"] == "new_entry"
     assert stub.pushes[1]["body"] == path_b.read_bytes()
-    saved = json.loads((env["cfg"] / "saved-sessions.json").read_text())[stub.base]
+    saved = where_saved(env)[stub.base]
     assert saved == {"claude-code:" + first: a["library_id"], "claude-code:" + second: b["library_id"]}
     third, _ = claude_session(env, [claude_record("user", "session C")])
     stub.queue("POST /library/push", 201, raw=b"<html>saved?</html>", store=True)
@@ -6761,8 +7010,7 @@ def test_local_session_saved_as_says_what_the_server_did(spawn, stub, token, env
     moved, _, is_error = local_save(proc, {"session": sid})
     assert not is_error and moved["library_id"] == "lib-elsewhere" and moved["saved_as"] == "new_entry", moved
     assert stub.requests("POST /library/push")[-1]["query"]["into"] == "lib-named"
-    saved = json.loads((env["cfg"] / "saved-sessions.json").read_text())
-    assert saved == {stub.base: {"claude-code:" + sid: "lib-named"}}
+    assert where_saved(env) == {stub.base: {"claude-code:" + sid: "lib-named"}}
 
 
 def test_local_session_rate_limit_comes_before_the_file_is_read(spawn, stub, token, env):
@@ -7929,6 +8177,8 @@ def test_find_and_save_prompts_only_ask_for_the_tools(spawn, stub):
     (message,) = saved["result"]["messages"]
     text = message["content"]["text"]
     assert "publish_local_session" in text and "PRIVATE" in text and '{"title": "DB fix", "label": "db"}' in text
+    # it previews first (the arguments the tool takes), then asks the user before the save
+    assert text.index('"preview": true') < text.index("ask me") < text.index("without preview"), text
     assert "transcript" not in text.replace("session's transcript", "").replace("no transcript", "")
     assert proc.request("prompts/get", {"name": "save_session"})["result"]["messages"][0]["content"]["text"] == \
         a4sx_mcp.SAVE_SESSION_TEXT
@@ -8037,8 +8287,9 @@ def test_every_input_property_is_described_briefly():
         sizes[version] = len(json.dumps({"tools": a4sx_mcp.tools_for(version)}, separators=(",", ":")))
     print("tools/list compact JSON bytes:", sizes)
     # + 119: publish_local_session's images property (issue 24: the user may save a session without
-    # its images), a deliberate growth of exactly its compact JSON
-    assert sizes["2024-11-05"] < 7500 + 119 and sizes[MODERN] < 12500 + 119
+    # its images), a deliberate growth of exactly its compact JSON; + 91: its preview property, and + 131
+    # in the output schemas: a save's visibility as answered, joined, the preview status (issue 28)
+    assert sizes["2024-11-05"] < 7500 + 119 + 91 and sizes[MODERN] < 12500 + 119 + 91 + 131
 
 
 def _interop_library(srv, stub):
@@ -8533,7 +8784,8 @@ def test_tool_schemas_match_the_spec_exactly():
     assert "required" not in local and local["properties"]["session"]["default"] == "current"
     for name in ("title", "label", "parent", "idempotency_key"):  # the same meanings and limits as publish_session
         assert local["properties"][name] == publish["properties"][name], name
-    assert set(local["properties"]) == {"session", "title", "label", "parent", "idempotency_key", "save_id", "images"}
+    assert set(local["properties"]) == {"session", "title", "label", "parent", "idempotency_key", "save_id", "images",
+                                        "preview"}
     assert local["properties"]["images"]["enum"] == ["keep", "placeholder"]  # no default: the user's choice
 
 
