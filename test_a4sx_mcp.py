@@ -2061,7 +2061,7 @@ def test_check_lists_what_it_reads_without_values(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# The token: only ever to the server that issued it
+# The token: only ever to the server it is stored for
 # ---------------------------------------------------------------------------------------------
 
 
