@@ -3,10 +3,10 @@
 """a4sx-mcp: a local MCP server (stdio) for a4sx, the library and marketplace of coding-agent sessions.
 
 The hosted a4sx server's five tools: search sessions, summarise one, acquire an entitled marketplace
-session into the private library (never buying), load a session as context, save a transcript
-privately; and a sixth that only a local server can have: save the session you are in, read from the
-agent's own session files. It signs in with the token the ``a4sx`` CLI stored (``a4sx login``) and
-sends it only to the server that issued it.
+session into the private library (no billing route), load a session as context, save a transcript
+to the private library; and a sixth that only a local server can have: save the session you are in, read
+from the agent's own session files. It signs in with the token the ``a4sx`` CLI stored (``a4sx login``)
+and sends it only to the server it is stored for.
 
 One stdlib-only file. The trust core comes first, then the features, then compatibility and
 performance code; each section's banner names the claims below that it carries:
@@ -37,9 +37,10 @@ that shows there is no other place, and the test that proves it:
    directory's variables by ``config_dir``'s rule; the scrub worker is handed ``WORKER_ENV`` unread;
    ``trusts_nothing`` lists OpenSSL's CA folders' names when no certificate was loaded;
    libraries read their own files (OpenSSL's CA bundle, the SDK's installed metadata, the C library).
-3. The token is used only for the server that issued it (``Settings.find_token``), and the files
-   that hold it or choose the server are trusted like ssh's (``read_private``, ``_read_config``): one
-   that is not is refused, never passed over for another file or the public server.
+3. The token is sent only to the server it is stored for, the configured base (``Settings.find_token``
+   looks up that server's only; whether that server issued it is the sign-in's), and the files that
+   hold it or choose the server are trusted like ssh's (``read_private``, ``_read_config``): one that
+   is not is refused, never passed over for another file or the public server.
 4. Everything sent to the network is a route of ``ROUTES``, sent by ``Api.send`` to the configured
    server: the token only on token routes, never on a redirect, never in clear text (``normalize_base``).
 5. Every request has a deadline and an answer cap (``ROUTES``; ``Api._exchange``, ``_read_body``).
@@ -50,13 +51,15 @@ that shows there is no other place, and the test that proves it:
    ``structured_frame``; ``fenced`` keeps ``<<<`` and ``>>>`` out of every body line itself.
 7. Nothing is published unchecked: ``publish_checked`` runs ``check_transcript`` (each harness's
    record envelope), the rate limit and the SDK's scrub (``scrub_transcript``), then uploads the
-   scrubbed bytes privately.
+   scrubbed bytes on the push route, sending no visibility; that a push is stored privately is the
+   API's to keep.
 8. Another author's content keeps its warning when published again: ``publish_taint``.
 9. The only other process is the scrub worker (this file with ``--scrub-worker``, pipes only, the
    ``WORKER_ENV`` variables only); the only files written are the SDK's untrusted-session records
    (``mark_untrusted``), where each local session was saved (``record_saved``) and a token file's
    mode (``read_private``: 0600, never through a symlink).
-10. Nothing buys: no billing or purchase route exists (``ROUTES``; ``tool_acquire_session``).
+10. Nothing buys: no billing or purchase route exists (``ROUTES``), and acquire is sent only a listing's
+    id, tenant and version (``tool_acquire_session``); that acquiring never charges is the API's to keep.
 11. stdout carries only protocol messages (``Writer``; ``serve`` sends what else is printed to stderr); no
     single message ends the process (``serve`` catches what a line raises); logs go to stderr: a
     tool's name, outcome and duration, never arguments or results. (That each request is answered
@@ -492,7 +495,7 @@ def read_private(path):
 
 
 def _legacy_origin(folder):
-    """The server the older script's ``session`` token was issued by: ``amdx.json``'s base (the
+    """The server the older script's ``session`` token is stored for: ``amdx.json``'s base (the
     public server when there is no ``amdx.json`` or it names none); None when the file is there but
     cannot be used (another user could write it, it is not a JSON object, its base is no usable
     origin), so the token goes nowhere rather than to the public server."""
@@ -550,13 +553,13 @@ class Settings:
         self.log_level = level if level in LOG_LEVELS else "warning"
 
     def find_token(self):
-        """``(token, where)`` for the token issued by this server, or ``(None, None)``: never a
+        """``(token, where)`` for the token stored for this server, or ``(None, None)``: never a
         token stored for another server. Raises ``ConfigUntrusted`` for a token file another user
         could write, or when the file that names the server was refused (``base_refused``).
 
         ``$A4SX_SESSION`` only for ``$A4SX_SESSION_BASE`` (default: the public server; deliberately
         not ``$A4SX_BASE``), then ``credentials.json``, then the standalone script's ``session``
-        file for the server it was issued by.
+        file for the server it is stored for.
         """
         if self.base_refused:
             raise ConfigUntrusted(self.base_refused)
@@ -753,7 +756,7 @@ def ca_fix():
 
 class Api:
     """The a4sx HTTP API over kept-alive HTTP/1.1 connections to ``base``, by route name only.
-    Sends the token only to ``base`` (the origin that issued it), only on token routes, never on a
+    Sends the token only to ``base`` (the origin it is stored for), only on token routes, never on a
     redirect; follows redirects only for GETs, within that origin, to a path of ``ROUTES``."""
 
     def __init__(self, settings, max_idle=8):
