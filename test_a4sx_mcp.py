@@ -4659,6 +4659,132 @@ def test_claude_code_hands_the_model_the_framed_structured_copy(env, stub, token
 # ---------------------------------------------------------------------------------------------
 
 
+# --- the parallel scrub: batches of records give the whole file's scrub (SECURITY.md claim 7) ------
+
+def secret_shapes():
+    """One value of each kind the SDK's rules name (its ``_SCRUB`` list), assembled at run time."""
+    token = secrets.token_hex
+    alnum = lambda n: "".join(random.choice("ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz23456789")  # noqa: E731
+                              for _ in range(n))
+    b64 = lambda raw: base64.urlsafe_b64encode(raw).rstrip(b"=").decode()  # noqa: E731
+    jwt = ".".join([b64(b'{"alg":"HS256","typ":"JWT"}'), b64(b'{"sub":"1234567890","name":"x"}'), alnum(43)])
+    pem = "\n".join(["-----BEGIN RSA " + "PRIVATE KEY-----"] + ["MIIE" + alnum(60)] + [alnum(64)] * 3
+                    + ["-----END RSA " + "PRIVATE KEY-----"])
+    return {
+        "anthropic_key": "sk-" + "ant-api03-" + alnum(40), "session_token": "ge_" + "sess_" + token(20),
+        "github_token": "gh" + "p_" + alnum(36), "aws_akid": "AK" + "IA" + alnum(16).upper(),
+        "bearer": "Authorization: Bearer " + alnum(40), "auth_header": "X-Api-Key: " + alnum(32),
+        "url_cred": "https://deploy:" + alnum(14) + "@git.example.com/repo", "jwt": jwt,
+        "url_token": "https://" + alnum(12) + "7" + alnum(8) + "@github.com/org/repo",
+        "assignment": "DB_PASSWORD=" + alnum(18), "quoted_assignment": 'password = "%s"' % alnum(16),
+        "json_assignment": '{"client_secret": "%s"}' % alnum(24), "cmd_password": "mysql -u root -p" + alnum(12),
+        "cmd_userpass": "curl -u admin:" + alnum(12) + " https://api.example.com", "email": "jane.doe@example.org",
+        "ip": "10.%d.%d.%d" % (random.randint(0, 255), random.randint(0, 255), random.randint(1, 254)),
+        "ipv6": "2001:db8:85a3::8a2e:370:7334", "mac": "3c:22:fb:%02x:%02x:%02x" % (1, 2, 3),
+        "homedir": "/home/alice/project/main.py and C:\\Users\\carol\\src", "keyfile": "ssh -i ~/.ssh/id_ed25519 host",
+        "gsheet": "https://docs.google.com/spreadsheets/d/" + alnum(44) + "/edit",
+        "hostname": "build-7.corp.internal.example.net", "aws_signature": "X-Amz-Signature=" + token(32),
+        "prefixed_api_token": "sk-" + "proj-" + alnum(48), "name_shaped": "see /sk-" + "proj-parseConfigHandler-v2 ok",
+        "private_key": pem, "data_url": "data:image/png;base64," + base64.b64encode(os.urandom(600)).decode(),
+    }
+
+
+def parity_corpus():
+    """A Claude Code transcript as bytes: every shape of ``secret_shapes`` in records of their own and
+    beside others, a private key written across records (opened in one record's string, continued in
+    the next ones', also past a line nested 700 deep), escaped PEM blocks, long lines, CRLF endings,
+    invalid UTF-8 and a last line without a newline."""
+    shapes, lines = secret_shapes(), []
+
+    def add(text, end=b"\n"):
+        lines.append(json.dumps(claude_record("user", text, session_id="par")).encode() + end)
+
+    for name, value in sorted(shapes.items()):
+        add(value)
+        add("before %s after, then %s" % (value, shapes["email"]))
+        add([{"type": "text", "text": "tool output:\n" + value + "\n"}], b"\r\n")
+    key = shapes["private_key"].split("\n")
+    add("the key follows\n" + key[0])  # the SDK's carry: a key opened here ...
+    lines.append(b"[" * 700 + b"]" * 700 + b"\n")  # ... kept open by a line too deep to parse ...
+    for body in key[1:-1]:
+        add(body)  # ... continued record by record
+    add(key[-1])
+    for _ in range(300):  # quiet records: the batches may be cut again
+        add("plain words " * random.randint(1, 30))
+    add("x" * 200000 + shapes["anthropic_key"])
+    lines.append(b'{"type":"user","sessionId":"par","message":{"content":"bad \xff\xfe byte ' + shapes["github_token"].encode()
+                 + b'"}}\n')
+    add(shapes["bearer"], b"")
+    return b"".join(lines)
+
+
+def batched_scrub(data, batch_bytes, read_bytes, workers=2):
+    """``scrub_transcript`` as a large save runs it, in batches this small: ``(upload, report)``."""
+    saved = a4sx_mcp.SCRUB_BATCH_BYTES, a4sx_mcp.READ_BYTES, a4sx_mcp.INPROCESS_SCRUB_BYTES
+    a4sx_mcp.SCRUB_BATCH_BYTES, a4sx_mcp.READ_BYTES, a4sx_mcp.INPROCESS_SCRUB_BYTES = batch_bytes, read_bytes, 0
+    upload, batches = a4sx_mcp.ScrubbedUpload(), []
+    try:
+        report, texts = a4sx_mcp.scrub_transcript(a4sx_mcp.in_pieces(data), batches.append, {"title": "t"},
+                                                  a4sx_mcp.CancelFlag(), workers, upload)
+        upload.file.flush()
+        upload.file.seek(0)
+        return upload.file.read(), report
+    finally:
+        upload.close()
+        a4sx_mcp.SCRUB_BATCH_BYTES, a4sx_mcp.READ_BYTES, a4sx_mcp.INPROCESS_SCRUB_BYTES = saved
+
+
+def test_batched_scrub_gives_the_whole_file_scrub_byte_for_byte():
+    """The upload of a large save is what the SDK's ``scrub_bytes`` makes of the whole file, and its
+    report the same (lines changed, per-rule counts), though its records were scrubbed in batches by
+    several workers: every real transcript of testdata/ and a generated corpus, cut at every record
+    the rule allows (each shape at a batch's edge) and in batches of a few records."""
+    scrub = pytest.importorskip("a4sx.scrub")
+    corpus = parity_corpus()
+    files = sorted(TESTDATA.rglob("*.jsonl"))
+    assert len(files) >= 27
+    for data in [path.read_bytes() for path in files] + [corpus]:
+        whole, report = scrub.scrub_bytes(data, mode="full")
+        want = {"lines_changed": report.lines_changed, "rules": report.rules}
+        for batch_bytes, read_bytes in ((1, 1), (3000, 700)):
+            assert batched_scrub(data, batch_bytes, read_bytes) == (whole, want), (data[:80], batch_bytes)
+    assert set(want["rules"]) >= {"anthropic_key", "private_key", "github_token", "email", "jwt"}, want
+    a4sx_mcp.SCRUB_POOL.stop()
+
+
+def test_a_batch_is_never_cut_inside_a_key_the_scrub_carries_across_records():
+    """The SDK's scrub carries one thing from a record to the next: a private key opened in one
+    record's string and continued in the next ones'. Cut there, the key's body would go up unscrubbed;
+    so a batch is cut only PEM_QUIET_LINES plain records after a line with "-----" (or nested too deep
+    to parse). Raw text (a key across raw lines) never reaches a batch: the check refuses its line."""
+    scrub = pytest.importorskip("a4sx.scrub")
+    key = secret_shapes()["private_key"].split("\n")
+    records = [claude_record("user", "key:\n" + key[0], session_id="par")] + [
+        claude_record("user", body, session_id="par") for body in key[1:]]
+    data = claude_jsonl(records)
+    whole = scrub.scrub_bytes(data, mode="full")[0]
+    assert key[2].encode() not in whole  # the whole file's scrub finds the key's body ...
+    cut_anywhere = b"".join(scrub.scrub_bytes(line + b"\n")[0] for line in data.splitlines())
+    assert key[2].encode() in cut_anywhere  # ... record by record, it would not
+    assert batched_scrub(data, 1, 1)[0] == whole
+    plain = claude_jsonl([claude_record("user", "hello", session_id="par")])
+    raw = plain + ("\n".join(key) + "\n").encode() + plain
+    check, batches = a4sx_mcp.TranscriptCheck(len(raw)), []
+
+    def each(piece):
+        if check.lines(piece):
+            raise a4sx_mcp.ToolError("not_a_transcript", a4sx_mcp.say("refused"))
+    saved = a4sx_mcp.READ_BYTES, a4sx_mcp.SCRUB_BATCH_BYTES
+    a4sx_mcp.READ_BYTES = a4sx_mcp.SCRUB_BATCH_BYTES = 1
+    try:
+        with pytest.raises(a4sx_mcp.ToolError):
+            for batch in a4sx_mcp.record_batches(a4sx_mcp.in_pieces(raw).pieces, each, a4sx_mcp.CancelFlag()):
+                batches.append(batch)
+    finally:
+        a4sx_mcp.READ_BYTES, a4sx_mcp.SCRUB_BATCH_BYTES = saved
+    assert batches == [plain] and check.number == 2  # refused at the first raw line: it reached no batch
+
+
 def secret_transcript(session_id="pub-1", padding=0):
     key = "sk-ant-api03-" + secrets.token_hex(24)
     mail = "someone" + "@" + "example.com"
@@ -5733,7 +5859,7 @@ def test_local_session_open_follows_no_link_swapped_in_after_the_listing(env, tm
     sid, path = claude_session(env, [claude_record("user", "listed")])
     roots = a4sx_mcp.session_roots({"CLAUDE_CONFIG_DIR": "", "CODEX_HOME": ""})
     session, = a4sx_mcp.local_sessions(roots)
-    assert a4sx_mcp.read_session(session, 1 << 20) == path.read_bytes()
+    assert b"".join(a4sx_mcp.read_session(session, 1 << 20).pieces) == path.read_bytes()
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / path.name).write_bytes(path.read_bytes())
@@ -5822,7 +5948,7 @@ def test_local_session_on_windows_refuses_a_junction_and_a_hard_link(env, tmp_pa
         with pytest.raises(a4sx_mcp.ToolError) as refused:
             a4sx_mcp.read_session(listed[hard], 1 << 20)
         assert "hard link" in refused.value.message
-        read = a4sx_mcp.read_session(listed[sid], 1 << 20)
+        read = b"".join(a4sx_mcp.read_session(listed[sid], 1 << 20).pieces)
     finally:
         monkeypatch.undo()
     assert read == path.read_bytes()
