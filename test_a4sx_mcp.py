@@ -4685,6 +4685,9 @@ def secret_shapes():
         "gsheet": "https://docs.google.com/spreadsheets/d/" + alnum(44) + "/edit",
         "hostname": "build-7.corp.internal.example.net", "aws_signature": "X-Amz-Signature=" + token(32),
         "prefixed_api_token": "sk-" + "proj-" + alnum(48), "name_shaped": "see /sk-" + "proj-parseConfigHandler-v2 ok",
+        # a line the SDK's second run (no name spared) does not confirm: the whole file's report is then
+        # the second run's, which counts the name-shaped token above though its upload keeps it
+        "name_unconfirmed": "getUserProfilehttps://ya29./sk-" + "proj-parseConfigHandler-v2AIzapassword=test",
         "private_key": pem, "data_url": "data:image/png;base64," + base64.b64encode(os.urandom(600)).decode(),
     }
 
@@ -4692,7 +4695,7 @@ def secret_shapes():
 def parity_corpus():
     """A Claude Code transcript as bytes: every shape of ``secret_shapes`` in records of their own and
     beside others, a private key written across records (opened in one record's string, continued in
-    the next ones', also past a line nested 700 deep), escaped PEM blocks, long lines, CRLF endings,
+    the next ones', also past 300 lines nested 700 deep), escaped PEM blocks, long lines, CRLF endings,
     invalid UTF-8 and a last line without a newline."""
     shapes, lines = secret_shapes(), []
 
@@ -4705,7 +4708,7 @@ def parity_corpus():
         add([{"type": "text", "text": "tool output:\n" + value + "\n"}], b"\r\n")
     key = shapes["private_key"].split("\n")
     add("the key follows\n" + key[0])  # the SDK's carry: a key opened here ...
-    lines.append(b"[" * 700 + b"]" * 700 + b"\n")  # ... kept open by a line too deep to parse ...
+    lines += [b"[" * 700 + b"]" * 700 + b"\n"] * 300  # ... kept open by lines too deep to parse ...
     for body in key[1:-1]:
         add(body)  # ... continued record by record
     add(key[-1])
