@@ -218,8 +218,7 @@ ENVIRONMENT = (
     ("A4SX_MCP_MAX_PUBLISH_BYTES", "the largest transcript publish_session takes (default 2 MiB)"),
     ("A4SX_UPLOAD_TIMEOUT_S", "a publish upload's deadline (default 120 s + 2 s per MiB up to 30 min; at most 6 h)"),
     ("A4SX_MCP_MAX_LOCAL_BYTES", "the largest local session publish_local_session reads (default 512 MiB)"),
-    ("A4SX_MCP_SCRUB_WORKERS", "scrub processes a save runs at once (default: the CPU count, at most %d)"
-     % SCRUB_WORKERS_MAX),
+    ("A4SX_MCP_SCRUB_WORKERS", "scrub processes one save runs (default: the CPUs, at most %d)" % SCRUB_WORKERS_MAX),
     ("A4SX_MCP_ALL_PROJECTS", "1: publish_local_session's session=<id> may name another project's session "
      "(default: this project's only)"),
     ("A4SX_MCP_LOG", "stderr log level: warning (default), info or debug"),

@@ -1551,9 +1551,10 @@ REVIEW_SEARCHES = {
     8: [(r"untrusted = |mark_untrusted\(", {"send_prepared", "mark_untrusted", "tool_search_sessions",
                                             "tool_get_session_summary", "tool_fetch_session_context"})],
     9: [(r'lazy\("subprocess"\)|write_private|fchmod|os\.(system|popen|fork|exec\w*|spawn\w*|replace|rename|remove|'
-         r'unlink|mkdir|makedirs|truncate|chmod|chown|symlink|link|utime)\b|O_CREAT|O_WRONLY|O_RDWR|shutil|tempfile|'
+         r'unlink|mkdir|makedirs|rmdir|truncate|chmod|chown|symlink|link|utime)\b|O_CREAT|O_WRONLY|O_RDWR|shutil|tempfile|'
          r'write_text|write_bytes|libc\.',
-         {"ScrubWorker._start", "mark_untrusted", "record_saved", "read_private", "_glibc", "release_memory"})],
+         {"<module>", "ScrubWorker._start", "ScrubbedUpload.__init__", "ScrubbedUpload._remove_folder", "mark_untrusted",
+          "record_saved", "read_private", "_glibc", "release_memory"})],
     10: [(r'Route\("', {"<module>"}), (r'"acquire"', {"<module>", "tool_acquire_session"})],
     12: [(r"file_digest_line\(", {"file_digest_line", "main"})],
     11: [(r"sys\.(__)?stdout|print\(|os\.write\(", {"scrub_worker_main", "serve", "run_check", "main"}),
@@ -1566,12 +1567,12 @@ REVIEW_SEARCHES = {
     15: [(r"find_session\(", {"find_session", "tool_publish_local_session"})],
     16: [(r"json\.loads\(|parse_record\(", {"_parse", "parse_within_budget", "parse_record", "_read_json",
                                              "Settings.find_token", "session_line", "scrub_worker_main",
-                                             "ScrubWorker._start", "ScrubWorker.scrub", "Server.handle_line",
+                                             "ScrubWorker.ready", "ScrubWorker.receive", "Server.handle_line",
                                              "oversized_id", "<module>"}),
          (r"parse_within_budget\(|\b_parse\(", {"Api.send", "_parse", "parse_within_budget", "claude_turns",
                                                 "pick_transcript"}),
-         (r"session_line\(|line_over_budget\(", {"line_over_budget", "session_line", "check_transcript",
-                                                "carries_other_authors_framing", "call_in", "first_session_id",
+         (r"session_line\(|line_over_budget\(", {"line_over_budget", "session_line", "TranscriptCheck._line",
+                                                "FramingSearch.lines", "call_in", "first_session_id",
                                                 "_rollout_cwd", "transcript_session_id", "without_images"})],
     14: [(r'\bsay\(([^"]|$)', {"say"}),
          (r"Words\(", {"<module>", "say", "plain_name", "echoed_name", "local_line"}),
