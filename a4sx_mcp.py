@@ -47,14 +47,16 @@ that shows there is no other place, and the test that proves it:
    envelope it cannot close, in both copies: only section 3's builders make a result (``json_result``,
    ``context_result``, ``error_result``, ``framed_error``), through ``envelope`` and
    ``structured_frame``; ``fenced`` keeps ``<<<`` and ``>>>`` out of every body line itself.
-7. Nothing is published unchecked: ``publish_checked`` runs ``check_transcript`` (each harness's
-   record envelope), the rate limit and the SDK's scrub (``scrub_transcript``), then uploads the
-   scrubbed bytes privately.
+7. Nothing is published unchecked: ``publish_checked`` runs ``check_transcript``'s rule (each
+   harness's record envelope) on each piece read before it is scrubbed, the rate limit and the SDK's
+   scrub (``scrub_transcript``: the whole file's, though in batches of records), then uploads the
+   scrubbed bytes privately, once all of it passed.
 8. Another author's content keeps its warning when published again: ``publish_taint``.
-9. The only other process is the scrub worker (this file with ``--scrub-worker``, pipes only, the
-   ``WORKER_ENV`` variables only); the only files written are the SDK's untrusted-session records
-   (``mark_untrusted``), where each local session was saved (``record_saved``) and a token file's
-   mode (``read_private``: 0600, never through a symlink).
+9. The only other processes are the scrub workers (this file with ``--scrub-worker``, pipes only,
+   the ``WORKER_ENV`` variables only); the only files written are the SDK's untrusted-session records
+   (``mark_untrusted``), where each local session was saved (``record_saved``), a save's scrubbed
+   upload (``ScrubbedUpload``: a private temporary file, removed when the save ends) and a token
+   file's mode (``read_private``: 0600, never through a symlink).
 10. Nothing buys: no billing or purchase route exists (``ROUTES``; ``tool_acquire_session``).
 11. stdout carries only protocol messages (``Writer``; ``serve`` sends what else is printed to stderr); no
     single message ends the process (``serve`` catches what a line raises); logs go to stderr: a

@@ -5968,28 +5968,82 @@ def test_local_session_over_the_cap_points_to_the_cli(spawn, stub, token, env):
     assert stub.pushes == [] and stub.requests() == []
 
 
-def test_local_session_cancel_mid_scrub_sends_nothing_and_progress_keeps_coming(spawn, stub, token, env):
-    """A large session scrubs for minutes: progress notes come every PROGRESS_EVERY_S while it does, and
-    a cancel stops the scrub worker at once, with no answer and nothing uploaded."""
-    turns = [claude_record("user" if i % 2 else "assistant", "line %d of a long session %s" % (i, "w " * 400))
+def test_local_session_cancel_mid_scrub_sends_nothing_and_progress_keeps_coming(spawn, stub, token, env, tmp_path):
+    """A large session scrubs for minutes: progress notes (the bytes scrubbed so far) come every
+    PROGRESS_EVERY_S while it does; what is scrubbed goes to a private file that holds only scrubbed
+    bytes; a cancel stops every scrub worker at once and removes that file, with no answer and nothing
+    uploaded."""
+    key = "sk-" + "ant-api03-" + secrets.token_hex(24)
+    turns = [claude_record("user" if i % 2 else "assistant", "line %d of a long session %s %s" % (i, key, "w " * 400))
              for i in range(8000)]  # ~7 MiB of repetitive text: several seconds of scrubbing here
     sid, _ = claude_session(env, turns)
-    proc = spawn()
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    proc = spawn(extra_env={"TMPDIR": str(temp), "A4SX_MCP_SCRUB_WORKERS": "2"})
+    pid = proc.proc.pid
+
+    def temp_files():
+        links = {}
+        for fd in os.listdir("/proc/%d/fd" % pid):
+            try:
+                links[fd] = os.readlink("/proc/%d/fd/%s" % (pid, fd))
+            except OSError:
+                pass
+        return [fd for fd, target in links.items() if target.startswith(str(temp))]
+
     proc.send({"jsonrpc": "2.0", "id": 77, "method": "tools/call", "params": {
         "name": "publish_local_session", "arguments": {"session": sid}, "_meta": {"progressToken": "p"}}})
     notes, started = [], time.monotonic()
-    while len(notes) < 2:
+    while len(notes) < 2 or re.search(r": 0 KiB done", notes[-1][1]):  # until a batch was scrubbed
         note = proc.recv(timeout=30)
         assert note.get("method") == "notifications/progress", note
         notes.append((time.monotonic() - started, note["params"]["message"]))
     assert notes[0][1].startswith("scrubbing ") and notes[1][1].endswith(" s so far"), notes
+    assert re.fullmatch(r"scrubbing \d+ MiB on this machine: \d+ [KM]iB done, \d+ s so far", notes[-1][1]), notes
     assert notes[1][0] - notes[0][0] >= a4sx_mcp.PROGRESS_EVERY_S - 1, notes
+    upload, = temp_files()  # the scrubbed bytes so far, in a file with no name left in TMPDIR
+    with open("/proc/%d/fd/%s" % (pid, upload), "rb") as f:
+        scrubbed = f.read()
+    assert scrubbed.startswith(b'{"type": "assistant"') and b"[REDACTED]" in scrubbed and key.encode() not in scrubbed
+    assert os.listdir(str(temp)) == [] and len(children_of(pid)) == 2
     proc.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 77}})
     listed = proc.request("tools/list")
     assert [t["name"] for t in listed["result"]["tools"]][-1] == "publish_local_session"
     time.sleep(1.0)
     assert not [m for m in proc.notes if m.get("id") == 77], proc.notes
     assert stub.pushes == [] and stub.requests() == []
+    assert temp_files() == [] and os.listdir(str(temp)) == [] and children_of(pid) == []
+
+
+def test_a_save_refused_mid_pass_stops_its_workers_and_the_next_save_uploads_its_own_scrub(spawn, stub, token, env):
+    """A line the check refuses after batches went to the workers: the save says which line, sends
+    nothing and stops its workers (each could still hold a batch); the next save's upload is what the
+    SDK's scrub makes of its own file, byte for byte."""
+    scrub = pytest.importorskip("a4sx.scrub")
+    turns = [claude_record("user", "turn %d %s" % (i, "w " * 400)) for i in range(3000)]  # ~2.5 MiB
+    bad, _ = claude_session(env, turns, tail=b'{"type": "user", "broken\n')
+    good, path = claude_session(env, turns[:150] + [claude_record("user", "mail jane.doe@example.org")])
+    proc = spawn(extra_env={"A4SX_MCP_SCRUB_WORKERS": "2"})
+    refused, text, is_error = local_save(proc, {"session": bad})
+    assert is_error and refused["error"] == "not_a_transcript" and "line 3001 is not valid JSON" in text, text
+    assert stub.pushes == [] and children_of(proc.proc.pid) == []
+    saved, _, is_error = local_save(proc, {"session": good})
+    assert not is_error and saved["client_redactions"]["rules"] == {"email": 1}, saved
+    assert stub.pushes[0]["body"] == scrub.scrub_bytes(path.read_bytes(), mode="full")[0]
+
+
+def children_of(pid):
+    """The running child processes of ``pid`` (the scrub workers), from /proc."""
+    out = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/stat" % entry) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.append(int(entry))
+    return out
 
 
 # --- a save answers within A4SX_MCP_ANSWER_WITHIN_S and finishes in the background (issue 24) ----
