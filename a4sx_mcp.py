@@ -4069,11 +4069,13 @@ def prepare_publish(ctx, held, args, into=None, local=None, also=(False, ())):
     check, framing, lineage_of = TranscriptCheck(transcript.size), FramingSearch(transcript.size), []
     room = line_room(transcript.size)
 
-    def each(piece):
-        problem = check.lines(piece)
+    def passed(problem):
         if problem:
             raise ToolError("not_a_transcript", say("Not a Claude Code or Codex CLI JSONL transcript: %s. Nothing "
                                                     "was sent.", problem))
+
+    def each(piece):
+        passed(check.lines(piece))
         framing.lines(piece)
         if not lineage_of:  # from the bytes as written, not scrubbed
             lineage_of.extend(found for found in [transcript_session_id(piece, room)] if found)
@@ -4085,10 +4087,7 @@ def prepare_publish(ctx, held, args, into=None, local=None, also=(False, ())):
                 report, texts = scrub_transcript(transcript, each, {"title": args.get("title"),
                                                                     "label": args.get("label")},
                                                  ctx.cancel, ctx.settings.scrub_workers, upload)
-            problem = check.end()
-            if problem:
-                raise ToolError("not_a_transcript", say("Not a Claude Code or Codex CLI JSONL transcript: %s. "
-                                                        "Nothing was sent.", problem))
+            passed(check.end())
             if ctx.cancel.is_set():
                 raise Cancelled()
             framed, earlier = also() if callable(also) else also

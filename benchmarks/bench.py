@@ -754,6 +754,10 @@ def local_measure(sizes):
                 s["notes"].append(len(times) - 2)
                 srv.close()
                 os.unlink(path)
+                print("  %d MiB: scrub_bytes %.1f s, save %.1f s (%.2fx) in %d workers, server + workers %.1f MiB, "
+                      "upload identical: %s, load %.1f" % (size // MiB, s["floor"][-1], seconds, s["ratio"][-1],
+                                                           s["workers"][-1], s["memory"][-1] / MiB, s["same"][-1],
+                                                           os.getloadavg()[0]), flush=True)
             mb = "%d MiB" % (size // MiB)
             ratio = (LOCAL_RATIO, "<= %.2fx" % LOCAL_RATIO) if size == 32 * MiB else (None, "-")
             rows += [
