@@ -690,7 +690,7 @@ def local_session(home, size, rng):
     return sid, path
 
 
-def local_measure(sizes):
+def local_measure(sizes, workers=None):
     """Per size: the save's wall time over the SDK's whole-file scrub of the same bytes in this
     process (same run, interleaved), whether the upload is that scrub's output byte for byte, the
     peak RSS of the server and its scrub workers summed (each one's VmHWM), the first answer, and the
@@ -700,6 +700,8 @@ def local_measure(sizes):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("A4SX_", "CLAUDE_", "CODEX_"))}
     env.update(A4SX_CONFIG_DIR=cfg, HOME=cfg, A4SX_MCP_PUBLISH_PER_MIN="0", A4SX_MCP_PER_MIN="0",
                CLAUDE_PROJECT_DIR="/bench/project")  # the project of -bench-project's sessions
+    if workers:
+        env["A4SX_MCP_SCRUB_WORKERS"] = str(workers)
     from a4sx import scrub
     scrub.scrub_bytes(b'{"type":"user"}\n')  # the rules compiled before any timing
     rows = []
@@ -1076,6 +1078,8 @@ def main():
                                                           "(about 30 minutes on 2 cores)")
     ap.add_argument("--sizes", default=",".join(str(size // MiB) for size in LOCAL_SIZES),
                     help="--local: the session sizes in MiB (default 32,128)")
+    ap.add_argument("--workers", type=int, help="--local: A4SX_MCP_SCRUB_WORKERS (default: the server's, the CPUs "
+                                                "up to 4)")
     ap.add_argument("--lines", action="store_true", help="only the server's peak RSS on a session of one 60 MiB "
                                                           "[{},...] line and one ASCII line with an emoji (~15 s)")
     opts = ap.parse_args()
@@ -1087,7 +1091,7 @@ def main():
     if opts.local:
         print("a4sx-mcp benchmark, publish_local_session only: %d CPUs, python %s, load average %.1f at start" % (
             os.cpu_count(), sys.version.split()[0], os.getloadavg()[0]), flush=True)
-        rows = local_measure([int(size) * MiB for size in opts.sizes.split(",")])
+        rows = local_measure([int(size) * MiB for size in opts.sizes.split(",")], opts.workers)
         print_table(rows, MODES["full"])
         print("load average %.1f at the end (other processes slow the save and its floor alike only if they "
               "take one core: a busy machine raises the ratio)" % os.getloadavg()[0])
