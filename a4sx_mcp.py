@@ -1740,7 +1740,7 @@ class Transcript:
         self.size, self.pieces = size, pieces
 
 
-READ_BYTES = MiB  # a transcript is read and checked this much at a time
+READ_BYTES = 16 * KiB  # a transcript is read and checked this much at a time (half a scrub batch)
 
 
 def in_pieces(data):
@@ -2830,13 +2830,14 @@ class Cancelled(Exception):
 INPROCESS_SCRUB_BYTES = 64 * 1024
 LARGE_CALL_BYTES = 1024 * 1024
 WORKER_IDLE_S = 300
-# A large transcript is scrubbed in batches of whole records, each of at least this many bytes (a
-# worker's peak is ~20x its batch, measured with the SDK 0.11: benchmarks/bench.py --local), by up to
-# ``Settings.scrub_workers`` workers at once. The SDK's scrub carries one thing from a record to the
+# A large transcript is scrubbed in batches of whole records, each of at least this many bytes, by up
+# to ``Settings.scrub_workers`` workers at once. Small batches are faster too: the SDK 0.11's scrub
+# costs more per byte the longer its text (on one core here: 1.5 us a byte in 4 KiB batches, 2.0 in
+# 32 KiB, 5.4 in 1 MiB), and a worker's peak is ~40 MiB plus ~20x its batch. The SDK's scrub carries one thing from a record to the
 # next: a private key opened in one record's string and continued in the next records' strings (at
 # most 200 lines, or kept open by lines nested more than 600 deep); a batch is cut only after
 # PEM_QUIET_LINES non-blank lines with neither "-----" nor that nesting (SECURITY.md claim 7).
-SCRUB_BATCH_BYTES = MiB
+SCRUB_BATCH_BYTES = 32 * KiB
 PEM_QUIET_LINES = 256
 PEM_DEEP = 600
 

@@ -746,7 +746,8 @@ def local_measure(sizes, workers=None):
                     peaks[pid] = max(peaks.get(pid, 0), proc_status(pid, "VmHWM") or 0)
                 s["save"].append(seconds)
                 s["ratio"].append(seconds / s["floor"][-1])
-                s["memory"].append((proc_status(srv.pid, "VmHWM") or 0) + sum(peaks.values()))
+                server_peak = proc_status(srv.pid, "VmHWM") or 0
+                s["memory"].append(server_peak + sum(peaks.values()))
                 s["workers"].append(len(peaks))
                 sent = stub.pushes[pushes:]
                 s["same"].append(len(sent) == 1 and hashlib.sha256(sent[0]["body"]).hexdigest() == want)
@@ -756,10 +757,11 @@ def local_measure(sizes, workers=None):
                 s["notes"].append(len(times) - 2)
                 srv.close()
                 os.unlink(path)
-                print("  %d MiB: scrub_bytes %.1f s, save %.1f s (%.2fx) in %d workers, server + workers %.1f MiB, "
-                      "upload identical: %s, load %.1f" % (size // MiB, s["floor"][-1], seconds, s["ratio"][-1],
-                                                           s["workers"][-1], s["memory"][-1] / MiB, s["same"][-1],
-                                                           os.getloadavg()[0]), flush=True)
+                print("  %d MiB: scrub_bytes %.1f s, save %.1f s (%.2fx) in %d workers, server + workers %.1f MiB "
+                      "(server %.1f, workers %s), upload identical: %s, load %.1f" % (
+                          size // MiB, s["floor"][-1], seconds, s["ratio"][-1], s["workers"][-1], s["memory"][-1] / MiB,
+                          server_peak / MiB, " ".join("%.1f" % (p / MiB) for p in peaks.values()), s["same"][-1],
+                          os.getloadavg()[0]), flush=True)
             mb = "%d MiB" % (size // MiB)
             ratio = (LOCAL_RATIO, "<= %.2fx" % LOCAL_RATIO) if size == 32 * MiB else (None, "-")
             rows += [
