@@ -5296,17 +5296,18 @@ def test_the_scrub_worker_gets_a_minimal_environment(spawn, stub, env):
     structured, _, is_error = proc.tool("publish_session", {"transcript": transcript})
     assert not is_error and structured["client_redactions"]["lines_changed"] == 1  # the worker still scrubs
     workers = [pid for pid in os.listdir("/proc") if pid.isdigit() and _safe_parent(pid) == proc.proc.pid]
-    assert len(workers) == 1
-    with open("/proc/%s/environ" % workers[0], "rb") as f:
-        environ = f.read()
-    names = {entry.split(b"=", 1)[0].decode() for entry in environ.split(b"\0") if entry}
-    assert names and not any(n.startswith("A4SX_") for n in names) and "UNRELATED_PASSWORD" not in names, names
-    assert secret.encode() not in environ and b"TEST_OFFLINE_GUARD_LOG" not in environ
-    assert names <= {"PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "LD_LIBRARY_PATH", "PYTHONPATH",
-                     "PYTHONHOME", "PYTHONUSERBASE", "PYTHONNOUSERSITE", "PYTHONUTF8", "PYTHONIOENCODING",
-                     "PYTHONSAFEPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX"} | set(windows), names
-    for name, value in windows.items():  # kept as they are: a pip install --user site is found in the worker too
-        assert ("%s=%s" % (name, value)).encode() in environ.split(b"\0"), name
+    assert workers  # (as many as the transcript's batches, up to A4SX_MCP_SCRUB_WORKERS)
+    for worker in workers:
+        with open("/proc/%s/environ" % worker, "rb") as f:
+            environ = f.read()
+        names = {entry.split(b"=", 1)[0].decode() for entry in environ.split(b"\0") if entry}
+        assert names and not any(n.startswith("A4SX_") for n in names) and "UNRELATED_PASSWORD" not in names, names
+        assert secret.encode() not in environ and b"TEST_OFFLINE_GUARD_LOG" not in environ
+        assert names <= {"PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "LD_LIBRARY_PATH", "PYTHONPATH",
+                         "PYTHONHOME", "PYTHONUSERBASE", "PYTHONNOUSERSITE", "PYTHONUTF8", "PYTHONIOENCODING",
+                         "PYTHONSAFEPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX"} | set(windows), names
+        for name, value in windows.items():  # kept as they are: a pip install --user site is found in the worker too
+            assert ("%s=%s" % (name, value)).encode() in environ.split(b"\0"), name
 
 
 def _safe_parent(pid):
