@@ -6034,17 +6034,8 @@ def test_a_save_refused_mid_pass_stops_its_workers_and_the_next_save_uploads_its
 
 
 def children_of(pid):
-    """The running child processes of ``pid`` (the scrub workers), from /proc."""
-    out = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open("/proc/%s/stat" % entry) as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            out.append(int(entry))
-    return out
+    """The child processes of ``pid`` (the scrub workers), from /proc."""
+    return [int(child) for child in os.listdir("/proc") if child.isdigit() and _safe_parent(child) == pid]
 
 
 # --- a save answers within A4SX_MCP_ANSWER_WITHIN_S and finishes in the background (issue 24) ----
