@@ -3076,7 +3076,10 @@ def scrub_transcript(transcript, each, texts, cancel, workers, upload):
     if not sdk_available():
         raise SdkMissing()
     leased = SCRUB_POOL.lease(max(1, min(workers, -(-transcript.size // SCRUB_BATCH_BYTES))), cancel)
-    kill = lambda: [worker.kill() for worker in leased]  # noqa: E731 - the cancel flag's hook
+
+    def kill():  # the cancel flag's hook: every worker at once
+        for worker in leased:
+            worker.kill()
     cancel.hook(kill)
     pending, replies, failed = [], [], True
     try:
@@ -5398,7 +5401,7 @@ class Server:
 
     def shutdown(self, grace):
         """stdin closed: let running calls and saves finish (up to ``grace`` seconds), stop the scrub
-        worker."""
+        workers."""
         deadline = time.monotonic() + grace
         self.pool.wait_idle(grace)
         for save in self.saves.running():
