@@ -4742,7 +4742,7 @@ def test_batched_scrub_gives_the_whole_file_scrub_byte_for_byte():
     """The upload of a large save is what the SDK's ``scrub_bytes`` makes of the whole file, and its
     report the same (lines changed, per-rule counts), though its records were scrubbed in batches by
     several workers: every real transcript of testdata/ and a generated corpus, cut at every record
-    the rule allows (each shape at a batch's edge) and in batches of a few records."""
+    the rule allows (each shape at a batch's edge), the corpus also in batches of a few records."""
     scrub = pytest.importorskip("a4sx.scrub")
     corpus = parity_corpus()
     files = sorted(TESTDATA.rglob("*.jsonl"))
@@ -4750,7 +4750,7 @@ def test_batched_scrub_gives_the_whole_file_scrub_byte_for_byte():
     for data in [path.read_bytes() for path in files] + [corpus]:
         whole, report = scrub.scrub_bytes(data, mode="full")
         want = {"lines_changed": report.lines_changed, "rules": report.rules}
-        for batch_bytes, read_bytes in ((1, 1), (3000, 700)):
+        for batch_bytes, read_bytes in ((1, 1), (3000, 700))[:1 if data is not corpus else 2]:
             assert batched_scrub(data, batch_bytes, read_bytes) == (whole, want), (data[:80], batch_bytes)
     assert set(want["rules"]) >= {"anthropic_key", "private_key", "github_token", "email", "jwt"}, want
     a4sx_mcp.SCRUB_POOL.stop()
