@@ -41,6 +41,7 @@ import uuid
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, HERE)
+import stub_server  # noqa: E402
 from stub_server import Stub, bundle, claude_record, library_row, listing  # noqa: E402
 
 SERVER = os.path.join(HERE, "a4sx_mcp.py")
@@ -696,6 +697,7 @@ def local_measure(sizes, workers=None):
     peak RSS of the server and its scrub workers summed (each one's VmHWM), the first answer, and the
     largest gap between two progress notes."""
     rng = random.Random(20261202)
+    stub_server.MAX_BODY = max(stub_server.MAX_BODY, 2 * max(sizes))  # the stub's own cap is 64 MiB
     stub, token, cfg = signed_in_stub(rng)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("A4SX_", "CLAUDE_", "CODEX_"))}
     env.update(A4SX_CONFIG_DIR=cfg, HOME=cfg, A4SX_MCP_PUBLISH_PER_MIN="0", A4SX_MCP_PER_MIN="0",
