@@ -720,6 +720,7 @@ def local_measure(sizes, workers=None):
                 want = hashlib.sha256(want).hexdigest()
                 del data
                 srv = Server(env, stub.base)
+                atexit.register(srv.proc.kill)  # a run that fails leaves no server (nor, then, its workers)
                 srv.handshake()
                 warm, _ = local_session(cfg, 96 * 1024, rng)  # imports: not the file's cost
                 srv.request("tools/call", {"name": "publish_local_session", "arguments": {"session": warm}})
