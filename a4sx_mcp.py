@@ -49,15 +49,17 @@ that shows there is no other place, and the test that proves it:
    envelope it cannot close, in both copies: only section 3's builders make a result (``json_result``,
    ``context_result``, ``error_result``, ``framed_error``), through ``envelope`` and
    ``structured_frame``; ``fenced`` keeps ``<<<`` and ``>>>`` out of every body line itself.
-7. Nothing is published unchecked: ``publish_checked`` runs ``check_transcript`` (each harness's
-   record envelope), the rate limit and the SDK's scrub (``scrub_transcript``), then uploads the
-   scrubbed bytes on the push route, sending no visibility; that a push is stored privately is the
-   API's to keep.
+7. Nothing is published unchecked: ``publish_checked`` runs ``check_transcript``'s rule (each
+   harness's record envelope) on each piece read before it is scrubbed, the rate limit and the SDK's
+   scrub (``scrub_transcript``: the whole file's, though in batches of records), then uploads the
+   scrubbed bytes, once all of it passed, on the push route, sending no visibility; that a push is
+   stored privately is the API's to keep.
 8. Another author's content keeps its warning when published again: ``publish_taint``.
-9. The only other process is the scrub worker (this file with ``--scrub-worker``, pipes only, the
-   ``WORKER_ENV`` variables only); the only files written are the SDK's untrusted-session records
-   (``mark_untrusted``), where each local session was saved (``record_saved``) and a token file's
-   mode (``read_private``: 0600, never through a symlink).
+9. The only other processes are the scrub workers (this file with ``--scrub-worker``, pipes only,
+   the ``WORKER_ENV`` variables only); the only files written are the SDK's untrusted-session records
+   (``mark_untrusted``), where each local session was saved and what became of each save
+   (``record_saved``), a save's scrubbed upload (``ScrubbedUpload``: a private temporary file, removed
+   when the save ends) and a token file's mode (``read_private``: 0600, never through a symlink).
 10. Nothing buys: no billing or purchase route exists (``ROUTES``), and acquire is sent only a listing's
     id, tenant and version (``tool_acquire_session``); that acquiring never charges is the API's to keep.
 11. stdout carries only protocol messages (``Writer``; ``serve`` sends what else is printed to stderr); no
@@ -150,7 +152,8 @@ LAZY_IMPORTS = {
     "random": "a publish retry's jitter",
     "uuid": "a publish's idempotency key",
     "ipaddress": "telling whether a plain-http base is a loopback address",
-    "subprocess": "starting the scrub worker (~9 ms)",
+    "subprocess": "starting the scrub workers (~9 ms)",
+    "tempfile": "a save's private folder for its scrubbed upload (``ScrubbedUpload``)",
     "ctypes": "glibc's malloc_trim after the first answer and a multi-megabyte call (performance section)",
     "importlib.util": "whether the a4sx SDK is installed (without importing it)",
     "importlib.metadata": "the a4sx SDK's version, for --check (~40 ms)",
@@ -200,6 +203,11 @@ def log(level, message):
 
 # --- what is read: the environment once (``environment``), the config directory's files ---------
 
+# A save's scrub runs in this many processes at most by default, each on a batch of records
+# (``ScrubPool``): with the server, 4 stay within 256 MiB (benchmarks/bench.py --local).
+SCRUB_WORKERS_MAX = 4
+
+
 # EVERY environment variable this process reads, and what it sets (``--check`` prints this list).
 # ``environment`` is the only reader of the process environment, besides ``worker_environment``,
 # which passes the WORKER_ENV names (section 6) to the scrub worker unread.
@@ -217,7 +225,8 @@ ENVIRONMENT = (
     ("A4SX_MCP_PUBLISH_PER_MIN", "publish_session calls per minute (default 10)"),
     ("A4SX_MCP_MAX_PUBLISH_BYTES", "the largest transcript publish_session takes (default 2 MiB)"),
     ("A4SX_UPLOAD_TIMEOUT_S", "a publish upload's deadline (default 120 s + 2 s per MiB up to 30 min; at most 6 h)"),
-    ("A4SX_MCP_MAX_LOCAL_BYTES", "the largest local session publish_local_session reads (default 64 MiB)"),
+    ("A4SX_MCP_MAX_LOCAL_BYTES", "the largest local session publish_local_session reads (default 512 MiB)"),
+    ("A4SX_MCP_SCRUB_WORKERS", "scrub processes one save runs (default: the CPUs, at most %d)" % SCRUB_WORKERS_MAX),
     ("A4SX_MCP_ALL_PROJECTS", "1: publish_local_session's session=<id> may name another project's session "
      "(default: this project's only)"),
     ("A4SX_MCP_LOG", "stderr log level: warning (default), info or debug"),
@@ -532,7 +541,9 @@ class Settings:
         self.acquire_per_min = _int_setting(env, "A4SX_MCP_ACQUIRE_PER_MIN", 20)
         self.publish_per_min = _int_setting(env, "A4SX_MCP_PUBLISH_PER_MIN", 10)
         self.max_publish_bytes = _int_setting(env, "A4SX_MCP_MAX_PUBLISH_BYTES", 2 * 1024 * 1024, minimum=1)
-        self.max_local_bytes = _int_setting(env, "A4SX_MCP_MAX_LOCAL_BYTES", 64 * 1024 * 1024, minimum=1)
+        self.max_local_bytes = _int_setting(env, "A4SX_MCP_MAX_LOCAL_BYTES", 512 * 1024 * 1024, minimum=1)
+        self.scrub_workers = _int_setting(env, "A4SX_MCP_SCRUB_WORKERS", min(os.cpu_count() or 1, SCRUB_WORKERS_MAX),
+                                          minimum=1)
         self.upload_timeout_s = _int_setting(env, "A4SX_UPLOAD_TIMEOUT_S", 0)
         self.answer_within_s = _int_setting(env, "A4SX_MCP_ANSWER_WITHIN_S", ANSWER_WITHIN_S)
         self.session_roots = session_roots(env)
@@ -779,9 +790,10 @@ class Api:
 
     def send(self, name, params=None, *, data=None, headers=None, deadline_s=None, cancel=None):
         """One request of route ``name``: ``params`` fill the path template, the rest is the query.
-        Returns ``(status, parsed JSON body or {})``; an unfollowed redirect comes back as its 3xx.
-        Raises ``SignedOut`` (token route, no token), ``NetworkError`` (no usable answer) or
-        ``ConfigUntrusted`` (the sign-in's files chose no server: ``Settings.base_refused``)."""
+        ``data``: the body, bytes or a binary file (streamed from its start, its size the Content-Length,
+        within the same deadline). Returns ``(status, parsed JSON body or {})``; an unfollowed redirect
+        comes back as its 3xx. Raises ``SignedOut`` (token route, no token), ``NetworkError`` (no usable
+        answer) or ``ConfigUntrusted`` (the sign-in's files chose no server: ``Settings.base_refused``)."""
         if self.settings.base_refused:
             raise ConfigUntrusted(self.settings.base_refused)
         route = ROUTES[name]
@@ -792,6 +804,8 @@ class Api:
         sent = {"User-Agent": USER_AGENT, "Accept": "application/json"}
         if data is not None:
             sent["Content-Type"] = "application/octet-stream"
+            if not isinstance(data, bytes):  # a file: http.client reads it block by block
+                sent["Content-Length"] = str(os.fstat(data.fileno()).st_size)
         if any(not isinstance(key, str) or key.strip().lower() in ("authorization", "host") for key in headers or {}):
             raise ValueError("Api.send takes header names as str, never Authorization or Host")
         sent.update(headers or {})
@@ -863,6 +877,8 @@ class Api:
                         conn.connect()  # connect and TLS first: a call that ended meanwhile sends nothing
                     if watch[2]:  # ended while connecting, before there was a socket to shut
                         raise NetworkError(watch[2])
+                    if data is not None and not isinstance(data, bytes):
+                        data.seek(0)  # a file body is sent whole on every attempt
                     conn.request(method, target, body=data, headers=headers)
                     if watch[2]:
                         raise NetworkError(watch[2])
@@ -906,8 +922,9 @@ class Api:
             self.opened += 1
         timeout = max(0.001, min(CONNECT_TIMEOUT_S, deadline - now))
         if self.tls:
-            return http.HTTPSConnection(self.host, self.port, timeout=timeout, context=ssl_context()), False
-        return http.HTTPConnection(self.host, self.port, timeout=timeout), False
+            return http.HTTPSConnection(self.host, self.port, timeout=timeout, context=ssl_context(),
+                                        blocksize=64 * KiB), False
+        return http.HTTPConnection(self.host, self.port, timeout=timeout, blocksize=64 * KiB), False
 
     def _checkin(self, conn):
         with self.cond:
@@ -1766,6 +1783,34 @@ def byte_lines(data):
         start = end + 1
 
 
+class Transcript:
+    """A transcript to publish: its ``size`` in bytes and ``pieces``, its bytes in order, each whole
+    lines (the last may lack its newline), read once; a session file's also has the SHA-256 of the
+    bytes its pieces hold and of their first bytes (``read_session``), and ``close``s unread."""
+
+    def __init__(self, size, pieces, handle=None):
+        self.size, self.pieces, self.handle = size, pieces, handle
+        self.complete, self.lines, self.sha256, self.prefix_sha256 = size, None, None, None
+
+    def close(self):
+        if self.handle is not None:
+            self.handle.close()
+
+
+READ_BYTES = 16 * KiB  # a transcript is read and checked this much at a time (half a scrub batch)
+
+
+def in_pieces(data):
+    """``data`` (bytes in memory) as a ``Transcript``."""
+    def pieces():
+        start = 0
+        while start < len(data):
+            end = data.find(b"\n", start + READ_BYTES) + 1 or len(data)
+            yield data[start:end]
+            start = end
+    return Transcript(len(data), pieces())
+
+
 # Which records belong to a transcript: each harness's envelope on every line, not a list of record
 # types (the clients add types in most releases); the rule is SECURITY.md's "What a transcript is",
 # derived from and tested on the CLIs' real files (testdata/: Claude Code 1.0.128 to 2.1.332, Codex
@@ -1799,22 +1844,39 @@ def _record_problem(record, first, session_id):
 
 def check_transcript(data):
     """None when ``data`` (bytes) is a Claude Code or Codex CLI JSONL transcript, else why not (with
-    the line). Decoded and parsed line by line, each within ``line_room`` (claim 16), so a large
-    transcript is not copied whole as text and no line's shape makes it cost more."""
-    has_turn = False
-    first = session_id = None
-    room = line_room(len(data))
-    for number, raw in enumerate(byte_lines(data), 1):
-        if not raw.strip():
-            continue
+    the line): ``TranscriptCheck`` on all of its lines."""
+    check = TranscriptCheck(len(data))
+    return check.lines(data) or check.end()
+
+
+class TranscriptCheck:
+    """``check_transcript``'s rule on a transcript of ``size`` bytes read in batches of whole lines
+    (``lines``, then ``end``). Each line is decoded and parsed on its own, within ``line_room`` of the
+    whole transcript (claim 16), so no line's shape makes it cost more and nothing is copied whole."""
+
+    def __init__(self, size):
+        self.room, self.number, self.has_turn = line_room(size), 0, False
+        self.first = self.session_id = None
+
+    def lines(self, data):
+        """None when every line of ``data`` belongs to the transcript so far, else why not."""
+        for raw in byte_lines(data):
+            self.number += 1
+            if raw.strip():
+                problem = self._line(raw, self.number)
+                if problem:
+                    return problem
+        return None
+
+    def _line(self, raw, number):
         try:
-            record, over = session_line(raw, room)
+            record, over = session_line(raw, self.room)
         except UnicodeDecodeError:
             return say("line %d is not valid UTF-8", number)
         if over:
             return say("line %d (%d bytes) is too large to check: parsing it could take more than %s, the most "
                        "one line of a transcript this size may (twice the transcript plus 16 MiB); the a4sx CLI "
-                       "saves it: `a4sx push <file>`", number, len(raw), _size(room))
+                       "saves it: `a4sx push <file>`", number, len(raw), _size(self.room))
         if record is None:
             return say("line %d is not valid JSON", number)
         if not isinstance(record, dict):
@@ -1823,22 +1885,26 @@ def check_transcript(data):
             return say("line %d has no string \"type\"", number)
         if not _RECORD_TYPE.match(record["type"]):  # echoed only when it is a plain name
             return say("line %d has a record type that no supported harness writes", number)
-        if first is None:
-            first = record
-            if first.get("type") == "session_meta" and not isinstance(first.get("payload"), dict):
+        if self.first is None:
+            self.first = record
+            if record.get("type") == "session_meta" and not isinstance(record.get("payload"), dict):
                 return say("line %d is a session_meta record without a payload object", number)
-        problem = _record_problem(record, first, session_id)
+        problem = _record_problem(record, self.first, self.session_id)
         if problem:
             return say("line %d (record type \"%s\") %s", number, plain_name(record["type"]), problem)
-        session_id = session_id or record.get("sessionId")
+        self.session_id = self.session_id or record.get("sessionId")
         if record["type"] in ("user", "assistant") and isinstance(record.get("message"), dict):
-            has_turn = True
-    if first is None:
-        return say("the transcript has no records")
-    if has_turn or first.get("type") == "session_meta":
+            self.has_turn = True
         return None
-    return say("no Claude Code turn (a user or assistant record with a message object) and no Codex CLI "
-               "session_meta first")
+
+    def end(self):
+        """None when the lines read make a transcript, else why not."""
+        if self.first is None:
+            return say("the transcript has no records")
+        if self.has_turn or self.first.get("type") == "session_meta":
+            return None
+        return say("no Claude Code turn (a user or assistant record with a message object) and no Codex CLI "
+                   "session_meta first")
 
 
 # --- the taint rule: the one place that decides a publish's ``untrusted`` (claim 8) ---------------
@@ -1885,28 +1951,46 @@ _FRAMED_BEGIN_UTF8 = re.compile(_FRAMED_BEGIN.pattern.encode("utf-8"))  # the sa
 
 def carries_other_authors_framing(data):
     """True when the transcript (bytes) holds, anywhere, this server's marker with a nonce (a BEGIN or
-    END line) and its CAUTION sentence. Lines with JSON escapes are also looked at decoded (an escape
-    can spell either), each string on its own (neither can span two), within ``line_room``: a line
-    over it counts as framed (check_transcript refuses it first); a paraphrase is not caught."""
-    caution = OTHER_AUTHOR_CAUTION.encode()
-    if b"\\u" not in data:  # performance: no escape, no line to decode (valid UTF-8: check_transcript ran)
-        return caution in data and _FRAMED_BEGIN_UTF8.search(data) is not None
-    begin = found_caution = False
-    room = line_room(len(data))
-    for raw in byte_lines(data):
-        if b"\\u" in raw:  # (check_transcript has made sure that every line is a JSON record)
-            record, over = session_line(raw, room, "replace")
-            if over:
-                return True
-            for text in _strings(record):
-                begin = begin or _FRAMED_BEGIN.search(text) is not None
-                found_caution = found_caution or OTHER_AUTHOR_CAUTION in text
-        else:
-            begin = begin or _FRAMED_BEGIN_UTF8.search(raw) is not None
-            found_caution = found_caution or caution in raw
-        if begin and found_caution:
-            return True
-    return False
+    END line) and its CAUTION sentence: ``FramingSearch`` on all of its lines."""
+    search = FramingSearch(len(data))
+    search.lines(data)
+    return search.found()
+
+
+class FramingSearch:
+    """``carries_other_authors_framing`` on a transcript of ``size`` bytes read in batches of whole
+    lines. Lines with JSON escapes are also looked at decoded (an escape can spell either), each string
+    on its own (neither can span two), within ``line_room``: a line over it counts as framed
+    (check_transcript refuses it first); a paraphrase is not caught."""
+
+    def __init__(self, size):
+        self.room, self.begin, self.caution = line_room(size), False, False
+
+    def lines(self, data):
+        caution = OTHER_AUTHOR_CAUTION.encode()
+        if self.found():
+            return
+        if b"\\u" not in data:  # performance: no escape, no line to decode (valid UTF-8: check_transcript ran)
+            self.caution = self.caution or caution in data
+            self.begin = self.begin or _FRAMED_BEGIN_UTF8.search(data) is not None
+            return
+        for raw in byte_lines(data):
+            if b"\\u" in raw:  # (check_transcript has made sure that every line is a JSON record)
+                record, over = session_line(raw, self.room, "replace")
+                if over:
+                    self.begin = self.caution = True
+                    return
+                for text in _strings(record):
+                    self.begin = self.begin or _FRAMED_BEGIN.search(text) is not None
+                    self.caution = self.caution or OTHER_AUTHOR_CAUTION in text
+            else:
+                self.begin = self.begin or _FRAMED_BEGIN_UTF8.search(raw) is not None
+                self.caution = self.caution or caution in raw
+            if self.found():
+                return
+
+    def found(self):
+        return self.begin and self.caution
 
 
 def _strings(value):
@@ -2324,20 +2408,90 @@ def _opened(session):
     return handle, status
 
 
-def read_session(session, cap):
-    """The session's bytes up to its last complete line (a partial last line is the client still
-    writing it). ``too_large`` above ``cap``, naming the CLI that saves larger files."""
+def read_session(session, cap, prefix=0):
+    """The session file as a ``Transcript``: the bytes it had when opened, read once, in pieces of whole
+    lines, up to its last complete line (a partial last line is the client still writing it; what it
+    writes meanwhile is not read). ``too_large`` above ``cap``, naming the CLI that saves larger files.
+    First, through the same handle, the SHA-256 of those bytes and of the first ``prefix`` (a kept
+    preview's size): what makes two saves one (``Saves.claim``) or a preview still the session's."""
     handle, status = _opened(session)
-    with handle:
-        data = handle.read(cap + 1) if status.st_size <= cap else b""
-    if status.st_size > cap or len(data) > cap:
-        size = max(status.st_size, len(data))
+    if status.st_size > cap:
+        handle.close()
         raise ToolError("too_large", say("The session is %d bytes; publish_local_session reads at most %d bytes "
                                          "(A4SX_MCP_MAX_LOCAL_BYTES). Save it with the a4sx CLI: `a4sx push %s`. "
-                                         "Nothing was sent.", size, cap, local_line(shell_quote(session.path()), 600)),
-                        size=size, cap=cap)
-    end = data.rfind(b"\n") + 1
-    return data if end == len(data) else data[:end]
+                                         "Nothing was sent.", status.st_size, cap,
+                                         local_line(shell_quote(session.path()), 600)),
+                        size=status.st_size, cap=cap)
+    complete = _hashed(handle, status.st_size, prefix)
+
+    def pieces():
+        with handle:
+            left, partial = complete[0], []
+            while left > 0:
+                chunk = handle.read(min(READ_BYTES, left))
+                if not chunk:
+                    return
+                left -= len(chunk)
+                end = chunk.rfind(b"\n") + 1
+                if end:
+                    yield b"".join(partial + [chunk[:end]])
+                    partial = [chunk[end:]]
+                else:  # a line longer than a read
+                    partial.append(chunk)
+    transcript = Transcript(status.st_size, pieces(), handle)
+    transcript.complete, transcript.lines, transcript.sha256, transcript.prefix_sha256 = complete
+    return transcript
+
+
+def _hashed(handle, size, prefix):
+    """``(bytes up to the last newline within size, their lines, their SHA-256, the SHA-256 of the first
+    prefix bytes)``, reading the open file from its start, then back to it."""
+    hashlib = lazy("hashlib")
+    end, step = size, 64 * KiB
+    while end > 0:  # the last newline, looked for from the end
+        handle.seek(max(0, end - step))
+        block = handle.read(min(step, end))
+        at = block.rfind(b"\n")
+        if at >= 0:
+            end = max(0, end - step) + at + 1
+            break
+        end = max(0, end - step)
+    whole, head, done, lines = hashlib.sha256(), hashlib.sha256(), 0, 0
+    handle.seek(0)
+    while done < max(end, prefix):
+        chunk = handle.read(min(step, max(end, prefix) - done))
+        if not chunk:
+            break
+        if done < end:
+            whole.update(chunk[:end - done])
+            lines += chunk.count(b"\n", 0, end - done)
+        if done < prefix:
+            head.update(chunk[:prefix - done])
+        done += len(chunk)
+    handle.seek(0)
+    return end, lines, whole.hexdigest(), head.hexdigest()
+
+
+
+def as_saved(transcript, session, omit_images, found):
+    """The session file's pieces as they are saved: each is looked at as written for the call the
+    session was found by (``found["call"]``) and the first sessionId (``found["carried"]``: the
+    earlier session a continued file carries on), then, when the user asked, its images are left out
+    (``without_images``, tallied in ``found["images"]``). ``found["read"]``: the bytes read."""
+    room, pieces = line_room(transcript.size), transcript.pieces
+
+    def saved():
+        for piece in pieces:
+            found["read"] += len(piece)
+            found["call"] = found["call"] or call_in(piece, session.harness, session.call, room=room)
+            if found["carried"] is None:
+                found["carried"] = first_session_id(piece, room)
+            if omit_images:
+                piece, tally = without_images(piece, room)
+                found["images"]["replaced"] += tally["replaced"]
+                found["images"]["bytes_removed"] += tally["bytes_removed"]
+            yield piece
+    return saved()
 
 
 def is_the_call(record, harness, call_id):
@@ -2370,9 +2524,10 @@ def holds_call(session, call_id):
     return call_in(tail, session.harness, call_id, first_line_whole=start == 0)
 
 
-def call_in(data, harness, call_id, first_line_whole=True):
-    """True when a complete line of ``data`` is the client's record of the tool call ``call_id``."""
-    needle, at, room = call_id.encode(), 0, line_room(len(data))
+def call_in(data, harness, call_id, first_line_whole=True, room=None):
+    """True when a complete line of ``data`` is the client's record of the tool call ``call_id``
+    (``room``: that of the whole file ``data`` is a piece of)."""
+    needle, at, room = call_id.encode(), 0, room or line_room(len(data))
     while True:
         at = data.find(needle, at)
         end = data.find(b"\n", at) if at >= 0 else -1
@@ -2385,9 +2540,9 @@ def call_in(data, harness, call_id, first_line_whole=True):
         at = end
 
 
-def first_session_id(data):
+def first_session_id(data, room=None):
     """The ``sessionId`` of the first record that has one (the SDK's ``session_id_of`` rule), or None."""
-    room = line_room(len(data))
+    room = room or line_room(len(data))
     for line in byte_lines(data):
         if b"sessionId" in line or b"\\u" in line:  # candidate lines only (an escape can spell the key)
             record = session_line(line, room, "replace")[0]
@@ -2459,9 +2614,9 @@ def _read_part(part, ids, owner, cap):
     return data[:data.rfind(b"\n") + 1]
 
 
-def session_parts(session, data, cap, call_id=None):
-    """What the taint rule must also see of a Claude Code session whose file holds ``data``: its
-    subagents' files and, when its records carry an earlier session's id (a continued file), that
+def session_parts(session, carried, cap, call_id=None):
+    """What the taint rule must also see of a Claude Code session: its subagents' files and, when its
+    records carry an earlier session's id (``carried``: the first sessionId in its file, a continued file), that
     session's file and its subagents' files, each read under the same rules (``_read_part``); a part
     that is the session's but cannot be read counts as framed (fail closed). ``{"subagents": count,
     "unread": count, "framed": bool, "earlier": that id or None, "call_in_subagent": bool}``."""
@@ -2469,7 +2624,7 @@ def session_parts(session, data, cap, call_id=None):
     if session.harness != "claude-code":
         return out
     root, folder = session.root, session.parts[0]
-    carried, ids = first_session_id(data), {session.id}
+    ids = {session.id}
     parts = []
     if carried and carried != session.id and LOCAL_ID.match(carried):
         out["earlier"] = carried
@@ -2693,7 +2848,7 @@ def _without_image(value, tally):
     return None
 
 
-def without_images(data):
+def without_images(data, room=None):
     """``(bytes, {"choice": "placeholder", "replaced": N, "bytes_removed": B})``: the session's bytes
     with each image's base64 data string replaced by a placeholder naming its media type and decoded
     size, the rest of its block kept (the base64 alphabet holds no framing, so the taint check misses
@@ -2701,7 +2856,7 @@ def without_images(data):
     not parsed: too large, not UTF-8, not JSON, which check_transcript then refuses) is kept byte for
     byte."""
     tally = {"replaced": 0}
-    room, pieces, view = line_room(len(data)), [], memoryview(data)
+    room, pieces, view = room or line_room(len(data)), [], memoryview(data)
     start = 0
     while start < len(data):
         end = data.find(b"\n", start)
@@ -2781,10 +2936,21 @@ class Cancelled(Exception):
 INPROCESS_SCRUB_BYTES = 64 * 1024
 LARGE_CALL_BYTES = 1024 * 1024
 WORKER_IDLE_S = 300
+# A large transcript is scrubbed in batches of whole records, each of at least this many bytes, by up
+# to ``Settings.scrub_workers`` workers at once. Small batches are faster too: the SDK 0.11's scrub
+# costs more per byte the longer its text (on one core here: 1.5 us a byte in 4 KiB batches, 2.0 in
+# 32 KiB, 5.4 in 1 MiB), and a worker's peak is ~40 MiB plus ~20x its batch. The SDK's scrub carries one thing from a record to the
+# next: a private key opened in one record's string and continued in the next records' strings (at
+# most 200 lines, or kept open by lines nested more than 600 deep); a batch is cut only after
+# PEM_QUIET_LINES non-blank lines with neither "-----" nor that nesting (SECURITY.md claim 7).
+SCRUB_BATCH_BYTES = 32 * KiB
+PEM_QUIET_LINES = 256
+PEM_DEEP = 600
 
 
 def scrub_worker_main():
-    """The worker process: frames ``<header json>\\n<body bytes>`` in, the same out."""
+    """The worker process: frames ``<header json>\\n<body bytes>`` in, the same out. A header with
+    ``batch``: the body is a batch of a transcript's whole records (``scrub_batch``)."""
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     try:
         scrub = sdk_module("scrub")
@@ -2792,7 +2958,9 @@ def scrub_worker_main():
         stdout.write(b'{"error": "sdk_missing"}\n')
         stdout.flush()
         return 0
-    stdout.write(b'{"ready": true}\n')
+    rules = getattr(scrub, "_cli_scrub", None)
+    batches = all(hasattr(rules, name) for name in ("_SR_EXEMPT", "_scrub_detail_run", "sr_name_reconcile"))
+    stdout.write(json.dumps({"ready": True, "batches": batches}).encode() + b"\n")
     stdout.flush()
     while True:
         if os.name == "posix" and not select.select([stdin], [], [], WORKER_IDLE_S)[0]:
@@ -2802,12 +2970,48 @@ def scrub_worker_main():
             return 0
         request = json.loads(header)
         data = stdin.read(request["size"])
-        out, report = scrub.scrub_bytes(data, mode="full")
-        texts = {key: scrub.scrub_text(value) for key, value in request.get("texts", {}).items()}
-        reply = {"size": len(out), "report": {"lines_changed": report.lines_changed, "rules": report.rules},
-                 "texts": texts}
+        if request.get("batch") and batches:
+            out, reports, kept = scrub_batch(rules, data)
+            reply = {"report": reports[0], "second": reports[1], "kept": kept}
+        else:
+            out, report = scrub.scrub_bytes(data, mode="full")
+            reply = {"report": {"lines_changed": report.lines_changed, "rules": report.rules}}
+        reply.update(size=len(out), texts={key: scrub.scrub_text(value) for key, value in request["texts"].items()})
         stdout.write(json.dumps(reply).encode() + b"\n" + out)
         stdout.flush()
+
+
+def scrub_batch(rules, data):
+    """``scrub_bytes(data, mode="full")`` of the SDK's scrub rules (``a4sx._cli_scrub``) on a batch of
+    whole records, and what joining the batches' reports takes: the SDK scrubs a text a second time,
+    sparing no name-shaped token (and with its own rules for a4sx and Anthropic key prefixes), when the
+    first run spared one or the text holds such a prefix, and keeps each line of the first run that the
+    second confirms (``sr_name_reconciled``); its report is the first run's only when every line of the
+    whole text kept the first run's, else the second's, which a batch cannot know. ``(bytes, [first
+    run's report, second run's], every line kept the first run's)``: the same steps, on the batch."""
+    state, text = rules._SR_EXEMPT, data.decode("utf-8", "replace")
+
+    def run(off, ref):
+        state.off, state.ref = off, ref
+        try:
+            return rules._scrub_detail_run(text, "full")
+        finally:
+            state.off = state.ref = False
+
+    state.log = []
+    try:
+        first = run(False, False)
+        names = state.log
+    finally:
+        state.log = None
+    second, out, kept = first, first[0], True
+    prefixes = "sk-ant-" in text or "ge_sess_" in text
+    if names or prefixes:
+        second = run(True, prefixes)
+        out, kept = rules.sr_name_reconcile(first[0], second[0], names)
+    reports = [{"lines_changed": len({hit["line"] for hit in hits}), "rules": dict(sorted(counts.items()))}
+               for _, counts, hits in (first, second)]
+    return (first[0] if kept else out).encode("utf-8"), reports, kept
 
 
 # What the worker inherits: only what Python needs to start and find the SDK, its search paths
@@ -2828,58 +3032,51 @@ def worker_environment(environ):
 
 
 class ScrubWorker:
-    """One long-lived worker process, started on the first large publish, one job at a time."""
+    """One long-lived worker process, one job at a time (``send``, then ``receive``)."""
 
     def __init__(self):
         self.proc = None
-        self.lock = threading.Lock()
+        self.batches = False  # it has the SDK steps ``scrub_batch`` takes
+        self.used = 0.0
 
     def _start(self):
+        """Starts the process; ``ready`` waits for it."""
         subprocess = lazy("subprocess")
         script = os.path.abspath(__file__)
         self.proc = subprocess.Popen([sys.executable, script, "--scrub-worker"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True,
                                      env=worker_environment(os.environ))
+
+    def ready(self):
         hello = json.loads(self.proc.stdout.readline() or b"{}")
         if not hello.get("ready"):
             self.stop()
             raise SdkMissing()
+        self.batches, self.used = hello.get("batches") is True, time.monotonic()
 
-    def scrub(self, data, texts, cancel):
-        with self.lock:
-            for attempt in (1, 2):  # a worker that went idle and exited is started again once
-                if cancel.is_set():
-                    raise Cancelled()
-                if self.proc is None or self.proc.poll() is not None:
-                    self._start()
-                proc, done = self.proc, threading.Event()
-                threading.Thread(target=self._kill_on_cancel, args=(cancel, done, proc), daemon=True).start()
-                try:
-                    proc.stdin.write(json.dumps({"size": len(data), "texts": texts}).encode() + b"\n")
-                    proc.stdin.write(data)  # (not joined to the header: no second copy of a large transcript)
-                    proc.stdin.flush()
-                    reply = json.loads(proc.stdout.readline())
-                    out = proc.stdout.read(reply["size"])
-                    if len(out) != reply["size"]:
-                        raise OSError("short read")
-                    return out, reply["report"], reply["texts"]
-                except (OSError, ValueError, KeyError, TypeError):
-                    self.stop()
-                    if cancel.is_set():
-                        raise Cancelled() from None
-                    if attempt == 2:
-                        raise
-                finally:
-                    done.set()
+    def alive(self):
+        """Running, and not about to exit idle (WORKER_IDLE_S) while a job is handed to it."""
+        return (self.proc is not None and self.proc.poll() is None
+                and time.monotonic() - self.used < WORKER_IDLE_S - 30)
 
-    @staticmethod
-    def _kill_on_cancel(cancel, done, proc):
-        """Stops the scrub at once when the call is cancelled; ends with the job."""
-        while not done.is_set():
-            if cancel.wait(0.05):
-                if not done.is_set():
-                    proc.kill()
-                return
+    def send(self, data, texts, batch):
+        self.proc.stdin.write(json.dumps({"size": len(data), "texts": texts, "batch": batch}).encode() + b"\n")
+        self.proc.stdin.write(data)  # (not joined to the header: no second copy of a large batch)
+        self.proc.stdin.flush()
+
+    def receive(self):
+        """``(scrubbed bytes, the reply's header)`` of the job sent."""
+        reply = json.loads(self.proc.stdout.readline())
+        out = self.proc.stdout.read(reply["size"])
+        if len(out) != reply["size"]:
+            raise OSError("short read")
+        self.used = time.monotonic()
+        return out, reply
+
+    def kill(self):
+        proc = self.proc
+        if proc is not None:
+            proc.kill()
 
     def stop(self):
         proc, self.proc = self.proc, None
@@ -2888,30 +3085,189 @@ class ScrubWorker:
             proc.wait()
 
 
-SCRUB_WORKER = ScrubWorker()
+class ScrubPool:
+    """The scrub workers, started by the first large publish; one save's scrub holds them at a time."""
+
+    def __init__(self):
+        self.workers = []
+        self.lock = threading.Lock()
+
+    def lease(self, count, cancel):
+        """``count`` running workers for one scrub, once another save's scrub let go (``release``)."""
+        while not self.lock.acquire(timeout=0.1):
+            if cancel.is_set():
+                raise Cancelled()
+        try:
+            self.workers += [ScrubWorker() for _ in range(count - len(self.workers))]
+            leased = self.workers[:count]
+            fresh = [worker for worker in leased if not worker.alive()]
+            for worker in fresh:  # started side by side: each spends ~0.3 s importing the SDK
+                worker.stop()
+                worker._start()
+            for worker in fresh:
+                worker.ready()
+            return leased
+        except BaseException:
+            self.lock.release()
+            raise
+
+    def release(self, leased, failed):
+        """Lets go of the workers; after a failure or a cancel they are stopped (a job may be in flight)."""
+        if failed:
+            for worker in leased:
+                worker.stop()
+        self.lock.release()
+
+    def stop(self):
+        for worker in self.workers:
+            worker.stop()
 
 
-def scrub_transcript(data, title, label, cancel):
-    """``(upload bytes, {lines_changed, rules}, {"title": (text, counts), "label": ...})``, the a4sx
-    CLI's rules in mode ``full``. Raises ``SdkMissing`` when the SDK is not installed."""
-    texts = {k: v for k, v in (("title", title), ("label", label)) if v}
-    if len(data) <= INPROCESS_SCRUB_BYTES:
+SCRUB_POOL = ScrubPool()
+
+
+class ScrubbedUpload:
+    """A save's scrubbed bytes, the upload, written in order as they come to a private temporary file:
+    in a folder only this user can open (0700), with no name once made on POSIX (the folder is removed
+    at once; on Windows the file and folder go at ``close``). Only scrubbed bytes are written; their
+    SHA-256 is computed as they are. ``close`` removes it (again: nothing)."""
+
+    def __init__(self):
+        tempfile = lazy("tempfile")
+        self.folder = tempfile.mkdtemp(prefix="a4sx-mcp-")
+        try:
+            self.file = tempfile.TemporaryFile(dir=self.folder)
+        finally:
+            self._remove_folder()
+        self.size, self.scrubbed, self.digest = 0, 0, lazy("hashlib").sha256()
+
+    def write(self, data, scrubbed):
+        """``data``, the scrub of ``scrubbed`` bytes of the transcript."""
+        self.file.write(data)
+        self.digest.update(data)
+        self.size += len(data)
+        self.scrubbed += scrubbed
+
+    def content_sha(self):
+        self.file.flush()
+        return self.digest.hexdigest()
+
+    def _remove_folder(self):
+        try:
+            os.rmdir(self.folder)
+        except OSError:
+            pass  # Windows: the file is in it until closed
+
+    def close(self):
+        self.file.close()
+        self._remove_folder()
+
+
+def scrub_transcript(transcript, each, texts, cancel, workers, upload):
+    """The a4sx CLI's rules in mode ``full`` on a ``Transcript``, read once, into ``upload`` (a
+    ``ScrubbedUpload``); ``texts`` (the title, the label) too. Each piece read is handed to ``each``
+    first (the checks: it raises to stop), then scrubbed: a small transcript here; a large one in
+    batches of whole records (``record_batches``), by up to ``workers`` worker processes at once, in
+    order. ``({lines_changed, rules}, {"title": (text, counts), ...})``: what ``scrub_bytes`` gives
+    for the whole transcript (``joined_report``). On a failure or a cancel every worker is stopped at
+    once. Raises ``SdkMissing`` when the SDK is not installed."""
+    texts = {key: value for key, value in texts.items() if value}
+    if transcript.size <= INPROCESS_SCRUB_BYTES:
+        data = b"".join(checked_pieces(transcript.pieces, each, cancel))
         scrub = sdk_module("scrub")
         out, report = scrub.scrub_bytes(data, mode="full")
-        scrubbed = {key: list(scrub.scrub_text(value)) for key, value in texts.items()}
-        return out, {"lines_changed": report.lines_changed, "rules": report.rules}, scrubbed
+        upload.write(out, len(data))
+        return ({"lines_changed": report.lines_changed, "rules": report.rules},
+                {key: list(scrub.scrub_text(value)) for key, value in texts.items()})
     if not sdk_available():
         raise SdkMissing()
-    return SCRUB_WORKER.scrub(data, texts, cancel)
+    leased = SCRUB_POOL.lease(max(1, min(workers, -(-transcript.size // SCRUB_BATCH_BYTES))), cancel)
+
+    def kill():  # the cancel flag's hook: every worker at once
+        for worker in leased:
+            worker.kill()
+    cancel.hook(kill)
+    pending, replies, failed = [], [], True
+    try:
+        batched = all(worker.batches for worker in leased)
+        for index, batch in enumerate(record_batches(transcript.pieces, each, cancel, batched)):
+            if len(pending) == len(leased):
+                _collect(pending.pop(0), upload, replies)
+            worker = leased[index % len(leased)]
+            worker.send(batch, texts if index == 0 else {}, batched)
+            pending.append((worker, len(batch)))
+            del batch
+        while pending:
+            _collect(pending.pop(0), upload, replies)
+        failed = False
+    except (OSError, ValueError, KeyError, TypeError):
+        if cancel.is_set():
+            raise Cancelled() from None
+        raise
+    finally:
+        cancel.hook(kill, add=False)
+        SCRUB_POOL.release(leased, failed)
+    if cancel.is_set():
+        raise Cancelled()
+    return joined_report(replies), (replies[0]["texts"] if replies else {})
 
 
-def transcript_session_id(data):
+def checked_pieces(pieces, each, cancel):
+    for piece in pieces:
+        if cancel.is_set():
+            raise Cancelled()
+        each(piece)
+        yield piece
+
+
+def record_batches(pieces, each, cancel, batched=True):
+    """The transcript's pieces, checked (``each``), joined into batches of at least SCRUB_BATCH_BYTES,
+    each cut after a whole record and only where the SDK's scrub carries nothing over (a record that
+    passed the check; PEM_QUIET_LINES). Not ``batched`` (a worker without the steps ``scrub_batch``
+    takes): one batch."""
+    batch, size, quiet = [], 0, PEM_QUIET_LINES
+    for piece in checked_pieces(pieces, each, cancel):
+        batch.append(piece)
+        size += len(piece)
+        for line in byte_lines(piece):
+            if b"-----" in line or (len(line) > PEM_DEEP and line.count(b"[") + line.count(b"{") > PEM_DEEP):
+                quiet = 0
+            elif line.strip():
+                quiet += 1
+        if batched and size >= SCRUB_BATCH_BYTES and quiet >= PEM_QUIET_LINES:
+            yield b"".join(batch)
+            batch, size = [], 0
+    if batch:
+        yield b"".join(batch)
+
+
+def _collect(job, upload, replies):
+    worker, size = job
+    out, reply = worker.receive()
+    upload.write(out, size)
+    replies.append(reply)
+
+
+def joined_report(replies):
+    """The batches' reports as ``scrub_bytes`` gives the whole transcript's (``scrub_batch``): the
+    first runs' summed when every batch kept its first run's lines, else the second runs'."""
+    kept = all(reply.get("kept", True) for reply in replies)
+    lines, rules = 0, {}
+    for reply in replies:
+        report = reply["report"] if kept else reply.get("second", reply["report"])
+        lines += report["lines_changed"]
+        for rule, count in report["rules"].items():
+            rules[rule] = rules.get(rule, 0) + count
+    return {"lines_changed": lines, "rules": dict(sorted(rules.items()))}
+
+
+def transcript_session_id(data, room=None):
     """The SDK's ``session_id_of`` (the ``sessionId`` of the first record that has one; a Codex CLI
     rollout has none), asked one candidate line at a time: the same answer. A line whose parse by the
     SDK (two copies of its text) could exceed ``line_room`` gets the SDK's rule on this file's parse
     instead (one copy: within the room, since check_transcript ran)."""
     module = sdk_module("transcript")
-    room = line_room(len(data))
+    room = room or line_room(len(data))
     for line in byte_lines(data):  # performance: candidate lines only (the SDK would split the whole upload)
         if b"sessionId" in line or b"\\u" in line:
             if line_over_budget(line, room, texts=2):
@@ -3466,10 +3822,11 @@ PROGRESS_EVERY_S = 4.0  # a long step (a scrub, an upload) reports this often th
 
 class Ticker:
     """``with Ticker(ctx, what):`` reports ``what`` at once, then every PROGRESS_EVERY_S how long it
-    has been running, until the step ends (only when the client asked for progress)."""
+    has been running (and with ``so_far``, a function, how many bytes it did), until the step ends
+    (only when the client asked for progress)."""
 
-    def __init__(self, ctx, what):
-        self.ctx, self.what, self.done = ctx, what, threading.Event()
+    def __init__(self, ctx, what, so_far=None):
+        self.ctx, self.what, self.done, self.so_far = ctx, what, threading.Event(), so_far
 
     def __enter__(self):
         self.ctx.progress(self.what)
@@ -3480,7 +3837,9 @@ class Ticker:
     def _tick(self):
         started = time.monotonic()
         while not self.done.wait(PROGRESS_EVERY_S):
-            self.ctx.progress(say("%s: %d s so far", self.what, time.monotonic() - started))
+            seconds = time.monotonic() - started
+            self.ctx.progress(say("%s: %s done, %d s so far", self.what, _size(self.so_far()), seconds) if self.so_far
+                              else say("%s: %d s so far", self.what, seconds))
 
     def __exit__(self, *exc):
         self.done.set()
@@ -3742,7 +4101,7 @@ def tool_publish_session(ctx, args):
                                                     "UTF-8 bytes: it was changed or cut on the way. Nothing was sent."))
     take_publish_slot(ctx)
     ctx.claim("sha256:" + digest, save_options(args))
-    return saved_result(publish_checked(ctx, [data], args))
+    return saved_result(publish_checked(ctx, [in_pieces(data)], args))
 
 
 def save_options(args):
@@ -3772,51 +4131,94 @@ def tool_publish_local_session(ctx, args):
     except NoSession as err:
         return framed_error("no_local_session", say("%s Nothing was sent.", err.message),
                            {"sessions": [s.describe() for s in err.sessions]}, False, "no_local_session")
-    held = [read_session(session, ctx.settings.max_local_bytes)]
-    size = len(held[0])
-    ctx.holding(size)
-    parts = session_parts(session, held[0], ctx.settings.max_local_bytes, session.call)
-    if session.call and not (parts["call_in_subagent"] or call_in(held[0], session.harness, session.call)):
-        raise ToolError("session_unreadable", say("The session file changed after it was found: the bytes read no "
-                                                  "longer hold this call. Nothing was sent."))
-    key = "%s:%s" % (session.harness, session.id)
-    digest = lazy("hashlib").sha256(held[0]).hexdigest()
-    exact = "%s %s" % (save_options(args), digest)
-    lines = held[0].count(b"\n")
-    if not args.get("preview"):
-        ctx.claim(key, exact)  # a save with other options (images too) or other bytes is not joined
+    key, options, preview = "%s:%s" % (session.harness, session.id), save_options(args), args.get("preview")
+    kept = None if preview else ctx.server.previews.find(key, options)
+    transcript = read_session(session, ctx.settings.max_local_bytes, kept[2]["bytes"] if kept else 0)
+    ctx.holding(transcript.size)
+    if kept is not None and (transcript.prefix_sha256 != kept[3] or framed_since(ctx, session, kept)):
+        kept = ctx.server.previews.drop(key, options)  # the file no longer begins with what it showed
     try:
-        into = saved_entry(ctx.settings.base, key)
-        earlier = [saved_entry(ctx.settings.base, "claude-code:" + parts["earlier"])] if parts["earlier"] else []
+        if not preview:
+            ctx.claim(key, "%s %s" % (options, transcript.sha256))  # other options (images too) or bytes: not joined
+    except BaseException:
+        transcript.close()
+        raise
+    try:
+        into = saved_entry(ctx.settings.base, key)  # (after the claim: a save it waited for may have made it)
     except SdkMissing:
-        into, earlier = None, []  # prepare_publish says what is missing
-    kept = None if args.get("preview") else ctx.server.previews.take(key, save_options(args), held[0], into)
-    if kept is not None and parts["framed"] and not kept[0].framed:  # a part framed since: decided afresh
-        kept = Previews.close([kept[0]])
-    if kept is not None:  # previewed with these arguments: what it showed (the session then) is what is saved
-        (prep, images, shown), held[:] = kept, []
-    else:
-        images = {"choice": "keep"}
-        if args.get("images") == "placeholder":  # the user's choice, never made here; only this file's bytes,
-            held[0], images = without_images(held[0])  # in memory; the taint rule saw the rest (parts) and these
-        prep = prepare_publish(ctx, held, args, into=into, local=key, also=(parts["framed"], [e for e in earlier if e]))
-    local = dict(session.describe(), bytes_read=size, lines=lines, found_by=how, images=images,
-                 subagents={"files": parts["subagents"], "uploaded": False, "unreadable": parts["unread"],
-                            "holds_the_call": parts["call_in_subagent"]})
-    if parts["earlier"]:
-        local["continues"] = parts["earlier"]  # (id-shaped: LOCAL_ID)
-    if args.get("preview"):
+        into = None  # prepare_publish says what is missing
+    if kept is not None and kept[0].into == into and ctx.server.previews.take(key, options, kept[0]):
+        transcript.close()
+        return saved_after_preview(ctx, session, how, kept, transcript)
+    omit = args.get("images") == "placeholder"  # the user's choice, never made here
+    found = {"read": 0, "lines": transcript.lines, "call": not session.call, "carried": None, "parts": None,
+             "images": {"choice": "placeholder", "replaced": 0, "bytes_removed": 0} if omit else {"choice": "keep"}}
+    transcript.pieces = as_saved(transcript, session, omit, found)
+
+    def other_files():
+        """What the taint rule sees of the session's other files, once its own were read (its records
+        name the earlier session it continues); and its bytes read must hold the call it was found by."""
+        parts = found["parts"] = session_parts(session, found["carried"], ctx.settings.max_local_bytes, session.call)
+        if not (found["call"] or parts["call_in_subagent"]):
+            raise ToolError("session_unreadable", say("The session file changed after it was found: the bytes read "
+                                                      "no longer hold this call. Nothing was sent."))
+        return parts["framed"], earlier_entries(ctx, parts)
+
+    prep = prepare_publish(ctx, [transcript], args, into=into, local=key, also=other_files)
+    local = local_description(session, how, found)
+    if preview:
         result = previewed(ctx, prep, local)
-        ctx.server.previews.keep(key, save_options(args), (prep, images, {"bytes": size, "lines": lines}), digest)
+        ctx.server.previews.keep(key, options, (prep, found, {"bytes": found["read"], "lines": found["lines"]}),
+                                 transcript.sha256)
         return json_result(result, result["untrusted"], "preview", hint_next=PREVIEW_NEXT)
-    if kept is not None:  # what the upload holds: the session as previewed (the turns since go in the next save)
-        local["saved_as_previewed"] = shown
     try:
         result = send_prepared(ctx, prep)
     finally:
-        getattr(prep, "close", lambda: None)()
-    result["local_session"] = local
-    result["from_preview"] = kept is not None  # the upload is what that preview scrubbed
+        prep.close()
+    result["local_session"], result["from_preview"] = local, False
+    return saved_result(result)
+
+
+def framed_since(ctx, session, kept):
+    """True when a part of the session (a subagent's file, the earlier session it continues) holds
+    framing that the kept preview did not see: the save is then decided afresh."""
+    prep, found = kept[0], kept[1]
+    return not prep.framed and session_parts(session, found["carried"], ctx.settings.max_local_bytes, None)["framed"]
+
+
+def earlier_entries(ctx, parts):
+    """The entries the earlier session a continued file carries on was saved to (none without the SDK)."""
+    try:
+        earlier = [saved_entry(ctx.settings.base, "claude-code:" + parts["earlier"])] if parts["earlier"] else []
+    except SdkMissing:
+        earlier = []
+    return [entry for entry in earlier if entry]
+
+
+def local_description(session, how, found):
+    """``local_session`` of a result: the session file read, its images, subagents and earlier part."""
+    parts = found["parts"]
+    local = dict(session.describe(), bytes_read=found["read"], lines=found["lines"], found_by=how,
+                 images=found["images"], subagents={"files": parts["subagents"], "uploaded": False,
+                                                    "unreadable": parts["unread"],
+                                                    "holds_the_call": parts["call_in_subagent"]})
+    if parts["earlier"]:
+        local["continues"] = parts["earlier"]  # (id-shaped: LOCAL_ID)
+    return local
+
+
+def saved_after_preview(ctx, session, how, kept, transcript):
+    """The save right after a preview with the same arguments, while the file still begins with the
+    bytes it read: what that preview showed and scrubbed is uploaded (a live session grows meanwhile by
+    the preview's own turn: the turns since go in the next save)."""
+    prep, found, shown = kept[:3]
+    try:
+        local = dict(local_description(session, how, found), bytes_read=transcript.complete, lines=transcript.lines)
+        local["saved_as_previewed"] = shown  # what the upload holds: the session as the preview read it
+        result = send_prepared(ctx, prep)
+    finally:
+        prep.close()
+    result["local_session"], result["from_preview"] = local, True  # the upload is what that preview scrubbed
     return saved_result(result)
 
 
@@ -3831,7 +4233,7 @@ def previewed(ctx, prep, local):
     report = prep.report
     return {"status": "preview", "sent": False, "untrusted": bool(why), "untrusted_because": why,
             "would_save_as": "new_version" if entry else "new_entry", "library_id": entry, "parent": prep.parent,
-            "visibility": "private (requested)", "bytes_to_upload": len(prep.upload),
+            "visibility": "private (requested)", "bytes_to_upload": prep.size,
             "client_redactions": {"lines_changed": report["lines_changed"], "rules": report["rules"],
                                   "title_and_label": prep.text_redactions},
             "local_session": local}
@@ -3845,37 +4247,47 @@ class Previews:
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.kept = {}  # (session key, options) -> (monotonic time, (Prepared, images, shown), SHA-256 read)
+        self.kept = {}  # (session key, options) -> (monotonic time, (Prepared, found, shown, SHA-256 read))
 
     def keep(self, key, options, value, digest):
         with self.lock:
             earlier = self.kept.pop((key, options), None)
             dropped = self._expire(PREVIEWS_KEPT - 1) + ([earlier[1][0]] if earlier else [])
-            self.kept[(key, options)] = (time.monotonic(), value, digest)
+            self.kept[(key, options)] = (time.monotonic(), value + (digest,))
         self.close(dropped)
-        timer = threading.Timer(PREVIEW_KEEP_S + 1, self.take, ("", "", b"", None))  # drops what expired
+        timer = threading.Timer(PREVIEW_KEEP_S + 1, self.find, ("", ""))  # drops what expired
         timer.daemon = True
         timer.start()
 
-    def take(self, key, options, data, into):
-        """The preview of this session with these options, if still kept, if ``data`` (the bytes read
-        now) begins with the bytes it read (their SHA-256 is kept with it), and if its entry is still the
-        one the session would be saved to; it is no longer kept. Else None."""
+    def find(self, key, options):
+        """The preview of this session with these options, if still kept: ``(Prepared, found, shown,
+        SHA-256 of the bytes it read)``, still kept (``take`` takes it), or None."""
         with self.lock:
             dropped = self._expire(PREVIEWS_KEPT)
-            found = self.kept.pop((key, options), None)
-        if found is not None:
-            size, digest = found[1][2]["bytes"], found[2]
-            if found[1][0].into != into or lazy("hashlib").sha256(data[:size]).hexdigest() != digest:
-                dropped.append(found[1][0])
-                found = None
+            found = self.kept.get((key, options))
         self.close(dropped)
         return None if found is None else found[1]
+
+    def take(self, key, options, prep):
+        """True when ``prep`` is still the kept preview of this session with these options: it is no
+        longer kept (a save uses it; another that found it too makes its own)."""
+        with self.lock:
+            found = self.kept.get((key, options))
+            if found is None or found[1][0] is not prep:
+                return False
+            del self.kept[(key, options)]
+            return True
+
+    def drop(self, key, options):
+        """The kept preview of this session with these options is dropped and closed. None."""
+        with self.lock:
+            found = self.kept.pop((key, options), None)
+        self.close([found[1][0]] if found else [])
 
     def _expire(self, room):
         """Drops (under the lock) what is older than PREVIEW_KEEP_S and the oldest past ``room``."""
         now, dropped, over = time.monotonic(), [], len(self.kept) - room
-        for index, (name, (at, value, _)) in enumerate(sorted(self.kept.items(), key=lambda item: item[1][0])):
+        for index, (name, (at, value)) in enumerate(sorted(self.kept.items(), key=lambda item: item[1][0])):
             if now - at > PREVIEW_KEEP_S or index < over:
                 dropped.append(value[0])
                 del self.kept[name]
@@ -3884,7 +4296,7 @@ class Previews:
     @staticmethod
     def close(preps):
         for prep in preps:
-            getattr(prep, "close", lambda: None)()
+            prep.close()
 
 
 PREVIEW_KEEP_S = 300  # a preview's scrub is kept this long for the save that follows it
@@ -3901,54 +4313,81 @@ def take_publish_slot(ctx):
 
 class Prepared:
     """A transcript checked and scrubbed, with everything decided before its upload: what
-    ``publish_checked`` sends (``send_prepared``), and what a preview describes without sending."""
+    ``publish_checked`` sends (``send_prepared``), and what a preview describes without sending. The
+    upload is a ``ScrubbedUpload`` file (``size`` bytes, ``content_sha``), removed by ``close``."""
 
     def __init__(self, **fields):
         self.__dict__.update(fields)
 
+    def close(self):
+        """Removes the scrubbed upload's file (again: nothing)."""
+        self.upload.close()
+
 
 def publish_checked(ctx, held, args, into=None, local=None, also=(False, ())):
-    """Steps 4 to 12 of the spec's publish pipeline on a transcript's bytes (``held``, emptied so they
-    are freed once scrubbed; the caller took the rate limit first): ``prepare_publish`` (the check,
-    the scrub, lineage), then ``send_prepared`` (the private upload, taint, the records). The
-    result's fields."""
-    return send_prepared(ctx, prepare_publish(ctx, held, args, into, local, also))
+    """Steps 4 to 12 of the spec's publish pipeline on a transcript (``held``: a list holding its
+    ``Transcript``, emptied; the caller took the rate limit first): ``prepare_publish`` (the check,
+    the scrub, lineage), then ``send_prepared`` (the private upload, taint, the records), the file
+    removed however it ends. The result's fields."""
+    prep = prepare_publish(ctx, held, args, into, local, also)
+    try:
+        return send_prepared(ctx, prep)
+    finally:
+        prep.close()
 
 
 def prepare_publish(ctx, held, args, into=None, local=None, also=(False, ())):
     """The check, the scrub and everything the upload needs, nothing sent but the library listing
-    (``into``: a new version of that entry, if still listed). ``local``: the local session's
-    ``saved-sessions.json`` key, recorded when the answer matches what was sent. ``also``: what the
-    taint rule sees of the session's other files (``session_parts``): framed, and entries its
-    earlier part was saved to. A ``Prepared``."""
-    data = held.pop()
-    problem = check_transcript(data)
-    if problem:
-        raise ToolError("not_a_transcript", say("Not a Claude Code or Codex CLI JSONL transcript: %s. Nothing was "
-                                                "sent.", problem))
-    if ctx.cancel.is_set():
-        raise Cancelled()
-    framed = also[0] or carries_other_authors_framing(data)
+    (``into``: a new version of that entry, if still listed), in one pass over the transcript (``held``:
+    a list holding its ``Transcript``): each piece is checked and searched (the framing, the SDK's
+    session id) before it is scrubbed, and nothing is uploaded unless all of it passed. ``local``: the
+    local session's ``saved-sessions.json`` key, recorded when the answer matches what was sent.
+    ``also``: what the taint rule sees of the session's other files (``session_parts``), or a function
+    that gives it once the transcript was read: framed, and entries its earlier part was saved to. A
+    ``Prepared``; on a failure or a cancel its file is already removed."""
+    transcript = held.pop()
+    check, framing, lineage_of = TranscriptCheck(transcript.size), FramingSearch(transcript.size), []
+    room = line_room(transcript.size)
+
+    def passed(problem):
+        if problem:
+            raise ToolError("not_a_transcript", say("Not a Claude Code or Codex CLI JSONL transcript: %s. Nothing "
+                                                    "was sent.", problem))
+
+    def each(piece):
+        passed(check.lines(piece))
+        framing.lines(piece)
+        if not lineage_of:  # from the bytes as written, not scrubbed
+            lineage_of.extend(found for found in [transcript_session_id(piece, room)] if found)
+
+    upload = ScrubbedUpload()
     try:
-        lineage = read_lineage(transcript_session_id(data)) or {}  # from the bytes as written, not scrubbed
-        with Ticker(ctx, say("scrubbing %s on this machine", _size(len(data)))):
-            upload, report, texts = scrub_transcript(data, args.get("title"), args.get("label"), ctx.cancel)
-        del data  # only the scrubbed bytes are needed from here on
-    except SdkMissing:
-        raise sdk_missing() from None
-    if ctx.cancel.is_set():
-        raise Cancelled()
-    title, label = (texts.get(k, (None, {}))[0] for k in ("title", "label"))
-    text_redactions = sum(sum(texts.get(k, (None, {}))[1].values()) for k in ("title", "label"))
-    rows = ctx.library() if args.get("parent") or label or lineage.get("parent_cid") or into or also[1] else []
-    if into and not any(row.get("id") == into for row in rows):
-        into = None  # the entry it was saved to is gone: a new one
-    parent, parent_row = publish_parent(args.get("parent"), None if into else lineage, rows)
-    params = {"label": label, "title": title, "parent": parent, "into": into, "client_scrub": "full"}
-    return Prepared(upload=upload, content_sha=lazy("hashlib").sha256(upload).hexdigest(), report=report,
-                    text_redactions=text_redactions, lineage=lineage, framed=framed, rows=rows, into=into,
-                    parent=parent, parent_row=parent_row, params=params, earlier=also[1], local=local,
-                    idempotency_key=args.get("idempotency_key"))
+        try:
+            with Ticker(ctx, say("scrubbing %s on this machine", _size(transcript.size)), lambda: upload.scrubbed):
+                report, texts = scrub_transcript(transcript, each, {"title": args.get("title"),
+                                                                    "label": args.get("label")},
+                                                 ctx.cancel, ctx.settings.scrub_workers, upload)
+            passed(check.end())
+            if ctx.cancel.is_set():
+                raise Cancelled()
+            framed, earlier = also() if callable(also) else also
+            lineage = read_lineage(lineage_of[0] if lineage_of else None) or {}
+        except SdkMissing:
+            raise sdk_missing() from None
+        title, label = (texts.get(k, (None, {}))[0] for k in ("title", "label"))
+        text_redactions = sum(sum(texts.get(k, (None, {}))[1].values()) for k in ("title", "label"))
+        rows = ctx.library() if args.get("parent") or label or lineage.get("parent_cid") or into or earlier else []
+        if into and not any(row.get("id") == into for row in rows):
+            into = None  # the entry it was saved to is gone: a new one
+        parent, parent_row = publish_parent(args.get("parent"), None if into else lineage, rows)
+        params = {"label": label, "title": title, "parent": parent, "into": into, "client_scrub": "full"}
+        return Prepared(upload=upload, size=upload.size, content_sha=upload.content_sha(), report=report,
+                        text_redactions=text_redactions, lineage=lineage, framed=framed or framing.found(), rows=rows,
+                        into=into, parent=parent, parent_row=parent_row, params=params, earlier=earlier, local=local,
+                        idempotency_key=args.get("idempotency_key"))
+    except BaseException:
+        upload.close()
+        raise
 
 
 def send_prepared(ctx, prep):
@@ -4051,7 +4490,8 @@ def publish_parent(given, lineage, rows):
 
 
 def push_with_retries(ctx, upload, params, headers, caller_key, local=False):
-    """``POST /library/push`` with the same Idempotency-Key on every attempt: on a network error or
+    """``POST /library/push`` of the ``ScrubbedUpload``, streamed from its file, with the same
+    Idempotency-Key on every attempt: on a network error or
     429/502/503/504 up to 3 attempts (busy scrub pool: 6), waiting as ``retry_wait`` says; a 404
     provisions the library again once. ``(entry id, body)`` of a stored push; ToolError otherwise,
     naming ``caller_key``: the key that, passed again with the same content, sends the same header
@@ -4060,9 +4500,9 @@ def push_with_retries(ctx, upload, params, headers, caller_key, local=False):
     while True:
         ctx.sending(caller_key, headers["X-Content-SHA256"])  # the safe point: this attempt sends nothing if stopped
         try:
-            with Ticker(ctx, say("uploading %s (attempt %d)", _size(len(upload)), attempt + 1)):
-                status, body = ctx.send("push", params, data=upload, headers=headers,
-                                        deadline_s=upload_timeout(len(upload), ctx.settings.upload_timeout_s))
+            with Ticker(ctx, say("uploading %s (attempt %d)", _size(upload.size), attempt + 1)):
+                status, body = ctx.send("push", params, data=upload.file, headers=headers,
+                                        deadline_s=upload_timeout(upload.size, ctx.settings.upload_timeout_s))
             failure = None
         except NetworkError as err:
             status, body, failure = 0, {}, err
@@ -5317,13 +5757,13 @@ class Server:
 
     def shutdown(self, grace):
         """stdin closed: let running calls and saves finish (up to ``grace`` seconds), stop the scrub
-        worker."""
+        workers."""
         deadline = time.monotonic() + grace
         self.pool.wait_idle(grace)
         for save in self.saves.running():
             save.done.wait(max(0.0, deadline - time.monotonic()))
         self.saves.end(0)
-        SCRUB_WORKER.stop()
+        SCRUB_POOL.stop()
 
 
 # =============================================================================================
@@ -5427,7 +5867,7 @@ def _exit_on_sigterm(writer, server=None):
         ending.append(signum)
         if server is not None:
             server.saves.end(SIGNAL_GRACE_S)
-        SCRUB_WORKER.stop()
+        SCRUB_POOL.stop()
         writer.lock.acquire(timeout=2)
         os._exit(0)
 
@@ -5623,7 +6063,7 @@ def main(argv=None):
     try:
         return serve(settings)
     except KeyboardInterrupt:  # Ctrl-C in a terminal: no traceback
-        SCRUB_WORKER.stop()
+        SCRUB_POOL.stop()
         return 130
 
 

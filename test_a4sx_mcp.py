@@ -1614,9 +1614,10 @@ REVIEW_SEARCHES = {
     8: [(r"untrusted = |mark_untrusted\(", {"send_prepared", "mark_untrusted", "tool_search_sessions",
                                             "tool_get_session_summary", "tool_fetch_session_context"})],
     9: [(r'lazy\("subprocess"\)|write_private|fchmod|os\.(system|popen|fork|exec\w*|spawn\w*|replace|rename|remove|'
-         r'unlink|mkdir|makedirs|truncate|chmod|chown|symlink|link|utime)\b|O_CREAT|O_WRONLY|O_RDWR|shutil|tempfile|'
+         r'unlink|mkdir|makedirs|rmdir|truncate|chmod|chown|symlink|link|utime)\b|O_CREAT|O_WRONLY|O_RDWR|shutil|tempfile|'
          r'write_text|write_bytes|libc\.',
-         {"ScrubWorker._start", "mark_untrusted", "record_saved", "read_private", "_glibc", "release_memory"})],
+         {"<module>", "ScrubWorker._start", "ScrubbedUpload.__init__", "ScrubbedUpload._remove_folder", "mark_untrusted",
+          "record_saved", "read_private", "_glibc", "release_memory"})],
     10: [(r'Route\("', {"<module>"}), (r'"acquire"', {"<module>", "tool_acquire_session"})],
     12: [(r"file_digest_line\(", {"file_digest_line", "main"})],
     11: [(r"sys\.(__)?stdout|print\(|os\.write\(", {"scrub_worker_main", "serve", "run_check", "main"}),
@@ -1629,12 +1630,12 @@ REVIEW_SEARCHES = {
     15: [(r"find_session\(", {"find_session", "tool_publish_local_session"})],
     16: [(r"json\.loads\(|parse_record\(", {"_parse", "parse_within_budget", "parse_record", "_read_json",
                                              "Settings.find_token", "session_line", "scrub_worker_main",
-                                             "ScrubWorker._start", "ScrubWorker.scrub", "Server.handle_line",
+                                             "ScrubWorker.ready", "ScrubWorker.receive", "Server.handle_line",
                                              "oversized_id", "<module>"}),
          (r"parse_within_budget\(|\b_parse\(", {"Api.send", "_parse", "parse_within_budget", "claude_turns",
                                                 "pick_transcript"}),
-         (r"session_line\(|line_over_budget\(", {"line_over_budget", "session_line", "check_transcript",
-                                                "carries_other_authors_framing", "call_in", "first_session_id",
+         (r"session_line\(|line_over_budget\(", {"line_over_budget", "session_line", "TranscriptCheck._line",
+                                                "FramingSearch.lines", "call_in", "first_session_id",
                                                 "_rollout_cwd", "transcript_session_id", "without_images"})],
     14: [(r'\bsay\(([^"]|$)', {"say"}),
          (r"Words\(", {"<module>", "say", "plain_name", "echoed_name", "local_line"}),
@@ -4870,6 +4871,135 @@ def test_claude_code_hands_the_model_the_framed_structured_copy(env, stub, token
 # ---------------------------------------------------------------------------------------------
 
 
+# --- the parallel scrub: batches of records give the whole file's scrub (SECURITY.md claim 7) ------
+
+def secret_shapes():
+    """One value of each kind the SDK's rules name (its ``_SCRUB`` list), assembled at run time."""
+    token = secrets.token_hex
+    alnum = lambda n: "".join(random.choice("ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz23456789")  # noqa: E731
+                              for _ in range(n))
+    b64 = lambda raw: base64.urlsafe_b64encode(raw).rstrip(b"=").decode()  # noqa: E731
+    jwt = ".".join([b64(b'{"alg":"HS256","typ":"JWT"}'), b64(b'{"sub":"1234567890","name":"x"}'), alnum(43)])
+    pem = "\n".join(["-----BEGIN RSA " + "PRIVATE KEY-----"] + ["MIIE" + alnum(60)] + [alnum(64)] * 3
+                    + ["-----END RSA " + "PRIVATE KEY-----"])
+    return {
+        "anthropic_key": "sk-" + "ant-api03-" + alnum(40), "session_token": "ge_" + "sess_" + token(20),
+        "github_token": "gh" + "p_" + alnum(36), "aws_akid": "AK" + "IA" + alnum(16).upper(),
+        "bearer": "Authorization: Bearer " + alnum(40), "auth_header": "X-Api-Key: " + alnum(32),
+        "url_cred": "https://deploy:" + alnum(14) + "@git.example.com/repo", "jwt": jwt,
+        "url_token": "https://" + alnum(12) + "7" + alnum(8) + "@github.com/org/repo",
+        "assignment": "DB_PASSWORD=" + alnum(18), "quoted_assignment": 'password = "%s"' % alnum(16),
+        "json_assignment": '{"client_secret": "%s"}' % alnum(24), "cmd_password": "mysql -u root -p" + alnum(12),
+        "cmd_userpass": "curl -u admin:" + alnum(12) + " https://api.example.com", "email": "jane.doe@example.org",
+        "ip": "10.%d.%d.%d" % (random.randint(0, 255), random.randint(0, 255), random.randint(1, 254)),
+        "ipv6": "2001:db8:85a3::8a2e:370:7334", "mac": "3c:22:fb:%02x:%02x:%02x" % (1, 2, 3),
+        "homedir": "/home/alice/project/main.py and C:\\Users\\carol\\src", "keyfile": "ssh -i ~/.ssh/id_ed25519 host",
+        "gsheet": "https://docs.google.com/spreadsheets/d/" + alnum(44) + "/edit",
+        "hostname": "build-7.corp.internal.example.net", "aws_signature": "X-Amz-Signature=" + token(32),
+        "prefixed_api_token": "sk-" + "proj-" + alnum(48), "name_shaped": "see /sk-" + "proj-parseConfigHandler-v2 ok",
+        # a line the SDK's second run (no name spared) does not confirm: the whole file's report is then
+        # the second run's, which counts the name-shaped token above though its upload keeps it
+        "name_unconfirmed": "getUserProfilehttps://ya29./sk-" + "proj-parseConfigHandler-v2AIzapassword=test",
+        "private_key": pem, "data_url": "data:image/png;base64," + base64.b64encode(os.urandom(600)).decode(),
+    }
+
+
+def parity_corpus():
+    """A Claude Code transcript as bytes: every shape of ``secret_shapes`` in records of their own and
+    beside others, a private key written across records (opened in one record's string, continued in
+    the next ones', also past 300 lines nested 700 deep), escaped PEM blocks, long lines, CRLF endings,
+    invalid UTF-8 and a last line without a newline."""
+    shapes, lines = secret_shapes(), []
+
+    def add(text, end=b"\n"):
+        lines.append(json.dumps(claude_record("user", text, session_id="par")).encode() + end)
+
+    for name, value in sorted(shapes.items()):
+        add(value)
+        add("before %s after, then %s" % (value, shapes["email"]))
+        add([{"type": "text", "text": "tool output:\n" + value + "\n"}], b"\r\n")
+    key = shapes["private_key"].split("\n")
+    add("the key follows\n" + key[0])  # the SDK's carry: a key opened here ...
+    lines += [b"[" * 700 + b"]" * 700 + b"\n"] * 300  # ... kept open by lines too deep to parse ...
+    for body in key[1:-1]:
+        add(body)  # ... continued record by record
+    add(key[-1])
+    for _ in range(300):  # quiet records: the batches may be cut again
+        add("plain words " * random.randint(1, 30))
+    add("x" * 200000 + shapes["anthropic_key"])
+    lines.append(b'{"type":"user","sessionId":"par","message":{"content":"bad \xff\xfe byte ' + shapes["github_token"].encode()
+                 + b'"}}\n')
+    add(shapes["bearer"], b"")
+    return b"".join(lines)
+
+
+def batched_scrub(data, batch_bytes, read_bytes, workers=2):
+    """``scrub_transcript`` as a large save runs it, in batches this small: ``(upload, report)``."""
+    saved = a4sx_mcp.SCRUB_BATCH_BYTES, a4sx_mcp.READ_BYTES, a4sx_mcp.INPROCESS_SCRUB_BYTES
+    a4sx_mcp.SCRUB_BATCH_BYTES, a4sx_mcp.READ_BYTES, a4sx_mcp.INPROCESS_SCRUB_BYTES = batch_bytes, read_bytes, 0
+    upload, batches = a4sx_mcp.ScrubbedUpload(), []
+    try:
+        report, texts = a4sx_mcp.scrub_transcript(a4sx_mcp.in_pieces(data), batches.append, {"title": "t"},
+                                                  a4sx_mcp.CancelFlag(), workers, upload)
+        upload.file.flush()
+        upload.file.seek(0)
+        return upload.file.read(), report
+    finally:
+        upload.close()
+        a4sx_mcp.SCRUB_BATCH_BYTES, a4sx_mcp.READ_BYTES, a4sx_mcp.INPROCESS_SCRUB_BYTES = saved
+
+
+def test_batched_scrub_gives_the_whole_file_scrub_byte_for_byte():
+    """The upload of a large save is what the SDK's ``scrub_bytes`` makes of the whole file, and its
+    report the same (lines changed, per-rule counts), though its records were scrubbed in batches by
+    several workers: every real transcript of testdata/ and a generated corpus, cut at every record
+    the rule allows (each shape at a batch's edge), the corpus also in batches of a few records."""
+    scrub = pytest.importorskip("a4sx.scrub")
+    corpus = parity_corpus()
+    files = sorted(TESTDATA.rglob("*.jsonl"))
+    assert len(files) >= 27
+    for data in [path.read_bytes() for path in files] + [corpus]:
+        whole, report = scrub.scrub_bytes(data, mode="full")
+        want = {"lines_changed": report.lines_changed, "rules": report.rules}
+        for batch_bytes, read_bytes in ((1, 1), (3000, 700))[:1 if data is not corpus else 2]:
+            assert batched_scrub(data, batch_bytes, read_bytes) == (whole, want), (data[:80], batch_bytes)
+    assert set(want["rules"]) >= {"anthropic_key", "private_key", "github_token", "email", "jwt"}, want
+    a4sx_mcp.SCRUB_POOL.stop()
+
+
+def test_a_batch_is_never_cut_inside_a_key_the_scrub_carries_across_records():
+    """The SDK's scrub carries one thing from a record to the next: a private key opened in one
+    record's string and continued in the next ones'. Cut there, the key's body would go up unscrubbed;
+    so a batch is cut only PEM_QUIET_LINES plain records after a line with "-----" (or nested too deep
+    to parse). Raw text (a key across raw lines) never reaches a batch: the check refuses its line."""
+    scrub = pytest.importorskip("a4sx.scrub")
+    key = secret_shapes()["private_key"].split("\n")
+    records = [claude_record("user", "key:\n" + key[0], session_id="par")] + [
+        claude_record("user", body, session_id="par") for body in key[1:]]
+    data = claude_jsonl(records)
+    whole = scrub.scrub_bytes(data, mode="full")[0]
+    assert key[2].encode() not in whole  # the whole file's scrub finds the key's body ...
+    cut_anywhere = b"".join(scrub.scrub_bytes(line + b"\n")[0] for line in data.splitlines())
+    assert key[2].encode() in cut_anywhere  # ... record by record, it would not
+    assert batched_scrub(data, 1, 1)[0] == whole
+    plain = claude_jsonl([claude_record("user", "hello", session_id="par")])
+    raw = plain + ("\n".join(key) + "\n").encode() + plain
+    check, batches = a4sx_mcp.TranscriptCheck(len(raw)), []
+
+    def each(piece):
+        if check.lines(piece):
+            raise a4sx_mcp.ToolError("not_a_transcript", a4sx_mcp.say("refused"))
+    saved = a4sx_mcp.READ_BYTES, a4sx_mcp.SCRUB_BATCH_BYTES
+    a4sx_mcp.READ_BYTES = a4sx_mcp.SCRUB_BATCH_BYTES = 1
+    try:
+        with pytest.raises(a4sx_mcp.ToolError):
+            for batch in a4sx_mcp.record_batches(a4sx_mcp.in_pieces(raw).pieces, each, a4sx_mcp.CancelFlag()):
+                batches.append(batch)
+    finally:
+        a4sx_mcp.READ_BYTES, a4sx_mcp.SCRUB_BATCH_BYTES = saved
+    assert batches == [plain] and check.number == 2  # refused at the first raw line: it reached no batch
+
+
 def secret_transcript(session_id="pub-1", padding=0):
     key = "sk-ant-api03-" + secrets.token_hex(24)
     mail = "someone" + "@" + "example.com"
@@ -5399,17 +5529,18 @@ def test_the_scrub_worker_gets_a_minimal_environment(spawn, stub, env):
     structured, _, is_error = proc.tool("publish_session", {"transcript": transcript})
     assert not is_error and structured["client_redactions"]["lines_changed"] == 1  # the worker still scrubs
     workers = [pid for pid in os.listdir("/proc") if pid.isdigit() and _safe_parent(pid) == proc.proc.pid]
-    assert len(workers) == 1
-    with open("/proc/%s/environ" % workers[0], "rb") as f:
-        environ = f.read()
-    names = {entry.split(b"=", 1)[0].decode() for entry in environ.split(b"\0") if entry}
-    assert names and not any(n.startswith("A4SX_") for n in names) and "UNRELATED_PASSWORD" not in names, names
-    assert secret.encode() not in environ and b"TEST_OFFLINE_GUARD_LOG" not in environ
-    assert names <= {"PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "LD_LIBRARY_PATH", "PYTHONPATH",
-                     "PYTHONHOME", "PYTHONUSERBASE", "PYTHONNOUSERSITE", "PYTHONUTF8", "PYTHONIOENCODING",
-                     "PYTHONSAFEPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX"} | set(windows), names
-    for name, value in windows.items():  # kept as they are: a pip install --user site is found in the worker too
-        assert ("%s=%s" % (name, value)).encode() in environ.split(b"\0"), name
+    assert workers  # (as many as the transcript's batches, up to A4SX_MCP_SCRUB_WORKERS)
+    for worker in workers:
+        with open("/proc/%s/environ" % worker, "rb") as f:
+            environ = f.read()
+        names = {entry.split(b"=", 1)[0].decode() for entry in environ.split(b"\0") if entry}
+        assert names and not any(n.startswith("A4SX_") for n in names) and "UNRELATED_PASSWORD" not in names, names
+        assert secret.encode() not in environ and b"TEST_OFFLINE_GUARD_LOG" not in environ
+        assert names <= {"PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "LD_LIBRARY_PATH", "PYTHONPATH",
+                         "PYTHONHOME", "PYTHONUSERBASE", "PYTHONNOUSERSITE", "PYTHONUTF8", "PYTHONIOENCODING",
+                         "PYTHONSAFEPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX"} | set(windows), names
+        for name, value in windows.items():  # kept as they are: a pip install --user site is found in the worker too
+            assert ("%s=%s" % (name, value)).encode() in environ.split(b"\0"), name
 
 
 def _safe_parent(pid):
@@ -6124,7 +6255,7 @@ def test_local_session_open_follows_no_link_swapped_in_after_the_listing(env, tm
     sid, path = claude_session(env, [claude_record("user", "listed")])
     roots = a4sx_mcp.session_roots({"CLAUDE_CONFIG_DIR": "", "CODEX_HOME": ""})
     session, = a4sx_mcp.local_sessions(roots)
-    assert a4sx_mcp.read_session(session, 1 << 20) == path.read_bytes()
+    assert b"".join(a4sx_mcp.read_session(session, 1 << 20).pieces) == path.read_bytes()
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / path.name).write_bytes(path.read_bytes())
@@ -6214,7 +6345,7 @@ def test_local_session_on_windows_refuses_a_junction_and_a_hard_link(env, tmp_pa
         with pytest.raises(a4sx_mcp.ToolError) as refused:
             a4sx_mcp.read_session(listed[hard], 1 << 20)
         assert "hard link" in refused.value.message
-        read = a4sx_mcp.read_session(listed[sid], 1 << 20)
+        read = b"".join(a4sx_mcp.read_session(listed[sid], 1 << 20).pieces)
     finally:
         monkeypatch.undo()
     assert read == path.read_bytes()
@@ -6230,28 +6361,73 @@ def test_local_session_over_the_cap_points_to_the_cli(spawn, stub, token, env):
     assert stub.pushes == [] and stub.requests() == []
 
 
-def test_local_session_cancel_mid_scrub_sends_nothing_and_progress_keeps_coming(spawn, stub, token, env):
-    """A large session scrubs for minutes: progress notes come every PROGRESS_EVERY_S while it does, and
-    a cancel stops the scrub worker at once, with no answer and nothing uploaded."""
-    turns = [claude_record("user" if i % 2 else "assistant", "line %d of a long session %s" % (i, "w " * 400))
+def test_local_session_cancel_mid_scrub_sends_nothing_and_progress_keeps_coming(spawn, stub, token, env, tmp_path):
+    """A large session scrubs for minutes: progress notes (the bytes scrubbed so far) come every
+    PROGRESS_EVERY_S while it does; what is scrubbed goes to a private file that holds only scrubbed
+    bytes; a cancel stops every scrub worker at once and removes that file, with no answer and nothing
+    uploaded."""
+    key = "sk-" + "ant-api03-" + secrets.token_hex(24)
+    turns = [claude_record("user" if i % 2 else "assistant", "line %d of a long session %s %s" % (i, key, "w " * 400))
              for i in range(8000)]  # ~7 MiB of repetitive text: several seconds of scrubbing here
     sid, _ = claude_session(env, turns)
-    proc = spawn()
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    proc = spawn(extra_env={"TMPDIR": str(temp), "A4SX_MCP_SCRUB_WORKERS": "2"})
+    pid = proc.proc.pid
+
+    def temp_files():
+        links = {}
+        for fd in os.listdir("/proc/%d/fd" % pid):
+            try:
+                links[fd] = os.readlink("/proc/%d/fd/%s" % (pid, fd))
+            except OSError:
+                pass
+        return [fd for fd, target in links.items() if target.startswith(str(temp))]
+
     proc.send({"jsonrpc": "2.0", "id": 77, "method": "tools/call", "params": {
         "name": "publish_local_session", "arguments": {"session": sid}, "_meta": {"progressToken": "p"}}})
     notes, started = [], time.monotonic()
-    while len(notes) < 2:
+    while len(notes) < 2 or re.search(r": 0 KiB done", notes[-1][1]):  # until a batch was scrubbed
         note = proc.recv(timeout=30)
         assert note.get("method") == "notifications/progress", note
         notes.append((time.monotonic() - started, note["params"]["message"]))
     assert notes[0][1].startswith("scrubbing ") and notes[1][1].endswith(" s so far"), notes
+    assert re.fullmatch(r"scrubbing \d+ MiB on this machine: \d+ [KM]iB done, \d+ s so far", notes[-1][1]), notes
     assert notes[1][0] - notes[0][0] >= a4sx_mcp.PROGRESS_EVERY_S - 1, notes
+    upload, = temp_files()  # the scrubbed bytes so far, in a file with no name left in TMPDIR
+    with open("/proc/%d/fd/%s" % (pid, upload), "rb") as f:
+        scrubbed = f.read()
+    assert scrubbed.startswith(b'{"type": "assistant"') and b"[REDACTED]" in scrubbed and key.encode() not in scrubbed
+    assert os.listdir(str(temp)) == [] and len(children_of(pid)) == 2
     proc.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 77}})
     listed = proc.request("tools/list")
     assert [t["name"] for t in listed["result"]["tools"]][-1] == "publish_local_session"
     time.sleep(1.0)
     assert not [m for m in proc.notes if m.get("id") == 77], proc.notes
     assert stub.pushes == [] and stub.requests() == []
+    assert temp_files() == [] and os.listdir(str(temp)) == [] and children_of(pid) == []
+
+
+def test_a_save_refused_mid_pass_stops_its_workers_and_the_next_save_uploads_its_own_scrub(spawn, stub, token, env):
+    """A line the check refuses after batches went to the workers: the save says which line, sends
+    nothing and stops its workers (each could still hold a batch); the next save's upload is what the
+    SDK's scrub makes of its own file, byte for byte."""
+    scrub = pytest.importorskip("a4sx.scrub")
+    turns = [claude_record("user", "turn %d %s" % (i, "w " * 400)) for i in range(3000)]  # ~2.5 MiB
+    bad, _ = claude_session(env, turns, tail=b'{"type": "user", "broken\n')
+    good, path = claude_session(env, turns[:150] + [claude_record("user", "mail jane.doe@example.org")])
+    proc = spawn(extra_env={"A4SX_MCP_SCRUB_WORKERS": "2"})
+    refused, text, is_error = local_save(proc, {"session": bad})
+    assert is_error and refused["error"] == "not_a_transcript" and "line 3001 is not valid JSON" in text, text
+    assert stub.pushes == [] and children_of(proc.proc.pid) == []
+    saved, _, is_error = local_save(proc, {"session": good})
+    assert not is_error and saved["client_redactions"]["rules"] == {"email": 1}, saved
+    assert stub.pushes[0]["body"] == scrub.scrub_bytes(path.read_bytes(), mode="full")[0]
+
+
+def children_of(pid):
+    """The child processes of ``pid`` (the scrub workers), from /proc."""
+    return [int(child) for child in os.listdir("/proc") if child.isdigit() and _safe_parent(child) == pid]
 
 
 # --- a save answers within A4SX_MCP_ANSWER_WITHIN_S and finishes in the background (issue 24) ----
