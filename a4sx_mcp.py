@@ -357,6 +357,35 @@ def config_dir(env):
     return os.path.join(os.path.expanduser("~"), ".config", "a4sx")
 
 
+def session_roots(env):
+    """``{harness: folder}``: where each agent keeps its session files (``SESSION_FILES``), with the
+    links the user made to these folders themselves resolved once; nothing below them is followed."""
+    home = os.path.expanduser("~")
+    claude = os.path.expanduser(env["CLAUDE_CONFIG_DIR"]) or os.path.join(home, ".claude")
+    codex = os.path.expanduser(env["CODEX_HOME"]) or os.path.join(home, ".codex")
+    return {"claude-code": os.path.realpath(os.path.join(claude, "projects")),
+            "codex-cli": os.path.realpath(os.path.join(codex, "sessions"))}
+
+
+def _working_dir():
+    try:
+        return os.getcwd()
+    except OSError:
+        return ""
+
+
+def _int_setting(env, name, default, minimum=0):
+    """A numeric override; a non-numeric or out-of-range value falls back to the default."""
+    try:
+        value = int(env[name])
+    except ValueError:
+        return default
+    return value if value >= minimum else default
+
+
+# --- the server and the token: ssh's rules for the files that choose the one and hold the other ----
+
+
 def _read_json(path, mode=None):
     """A small JSON file (a config file, the SDK's records) as it is, or None: never a FIFO or device
     (opened without waiting for a writer), at most 16 MiB. With ``mode`` (a file that chooses the
@@ -422,34 +451,6 @@ def resolve_base(flag=None, env=None):
         return normalize_base(value), source
     return PUBLIC_BASE, "default"
 
-
-def session_roots(env):
-    """``{harness: folder}``: where each agent keeps its session files (``SESSION_FILES``), with the
-    links the user made to these folders themselves resolved once; nothing below them is followed."""
-    home = os.path.expanduser("~")
-    claude = os.path.expanduser(env["CLAUDE_CONFIG_DIR"]) or os.path.join(home, ".claude")
-    codex = os.path.expanduser(env["CODEX_HOME"]) or os.path.join(home, ".codex")
-    return {"claude-code": os.path.realpath(os.path.join(claude, "projects")),
-            "codex-cli": os.path.realpath(os.path.join(codex, "sessions"))}
-
-
-def _working_dir():
-    try:
-        return os.getcwd()
-    except OSError:
-        return ""
-
-
-def _int_setting(env, name, default, minimum=0):
-    """A numeric override; a non-numeric or out-of-range value falls back to the default."""
-    try:
-        value = int(env[name])
-    except ValueError:
-        return default
-    return value if value >= minimum else default
-
-
-# --- the token: ssh's rules for the files that hold it ------------------------------------------
 
 class ConfigUntrusted(Exception):
     """A token file or the config directory that another user could have written: refused, with
