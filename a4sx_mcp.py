@@ -2473,7 +2473,6 @@ def _hashed(handle, size, prefix):
     return end, lines, whole.hexdigest(), head.hexdigest()
 
 
-
 def as_saved(transcript, session, omit_images, found):
     """The session file's pieces as they are saved: each is looked at as written for the call the
     session was found by (``found["call"]``) and the first sessionId (``found["carried"]``: the
@@ -4137,7 +4136,8 @@ def tool_publish_local_session(ctx, args):
     transcript = read_session(session, ctx.settings.max_local_bytes, kept[2]["bytes"] if kept else 0)
     ctx.holding(transcript.size)
     if kept is not None and (transcript.prefix_sha256 != kept[3] or framed_since(ctx, session, kept)):
-        kept = ctx.server.previews.drop(key, options)  # the file no longer begins with what it showed
+        ctx.server.previews.drop(key, options)  # the file no longer begins with what it showed, or a part changed
+        kept = None
     try:
         if not preview:
             ctx.claim(key, "%s %s" % (options, transcript.sha256))  # other options (images too) or bytes: not joined
@@ -4280,7 +4280,7 @@ class Previews:
             return True
 
     def drop(self, key, options):
-        """The kept preview of this session with these options is dropped and closed. None."""
+        """The kept preview of this session with these options is dropped and closed."""
         with self.lock:
             found = self.kept.pop((key, options), None)
         self.close([found[1][0]] if found else [])
