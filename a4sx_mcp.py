@@ -2939,18 +2939,15 @@ WORKER_IDLE_S = 300
 # A large transcript is scrubbed in batches of whole records, each of at least this many bytes, by up
 # to ``Settings.scrub_workers`` workers at once. Small batches are faster too: the SDK 0.11's scrub
 # costs more per byte the longer its text (on one core here: 1.5 us a byte in 4 KiB batches, 2.0 in
-# 32 KiB, 5.4 in 1 MiB), and a worker's peak is ~40 MiB plus ~20x its batch. The SDK's scrub carries one thing from a record to the
-# next: a private key opened in one record's string and continued in the next records' strings (at
-# most 200 lines, or kept open by lines nested more than 600 deep); a batch is cut only after
-# PEM_QUIET_LINES non-blank lines with neither "-----" nor that nesting (SECURITY.md claim 7).
+# 32 KiB, 5.4 in 1 MiB), and a worker's peak is ~40 MiB plus ~20x its batch.
 SCRUB_BATCH_BYTES = 32 * KiB
-PEM_QUIET_LINES = 256
-PEM_DEEP = 600
 
 
 def scrub_worker_main():
     """The worker process: frames ``<header json>\\n<body bytes>`` in, the same out. A header with
-    ``batch``: the body is a batch of a transcript's whole records (``scrub_batch``)."""
+    ``batch``: the body is a batch of a transcript's whole records (``scrub_batch``); else the body
+    is scrubbed whole by the SDK's public ``scrub_bytes``. Either way ``scrub_on_any_stack`` decides
+    whether the answer may be used."""
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     try:
         scrub = sdk_module("scrub")
@@ -2959,7 +2956,9 @@ def scrub_worker_main():
         stdout.flush()
         return 0
     rules = getattr(scrub, "_cli_scrub", None)
-    batches = all(hasattr(rules, name) for name in ("_SR_EXEMPT", "_scrub_detail_run", "sr_name_reconcile"))
+    batches = all(hasattr(rules, name) for name in ("_SR_EXEMPT", "_scrub_detail_run", "sr_name_reconcile",
+                                                     "_pem_split_pass", "SrPemCarry"))
+    watch = CarryWatch(rules) if batches else None
     stdout.write(json.dumps({"ready": True, "batches": batches}).encode() + b"\n")
     stdout.flush()
     while True:
@@ -2971,24 +2970,64 @@ def scrub_worker_main():
         request = json.loads(header)
         data = stdin.read(request["size"])
         if request.get("batch") and batches:
-            out, reports, kept = scrub_batch(rules, data)
-            reply = {"report": reports[0], "second": reports[1], "kept": kept}
+            done = scrub_on_any_stack(data, rules, lambda: scrub_batch(rules, watch, data))
+            out, reply = done if done else (b"", None)
         else:
-            out, report = scrub.scrub_bytes(data, mode="full")
-            reply = {"report": {"lines_changed": report.lines_changed, "rules": report.rules}}
+            def whole():
+                out, report = scrub.scrub_bytes(data, mode="full")
+                return out, {"report": {"lines_changed": report.lines_changed, "rules": report.rules}}
+            done = scrub_on_any_stack(data, rules, whole)
+            out, reply = done if done else (b"", None)
+        reply = reply if reply is not None else {"stack_dependent": True}
         reply.update(size=len(out), texts={key: scrub.scrub_text(value) for key, value in request["texts"].items()})
         stdout.write(json.dumps(reply).encode() + b"\n" + out)
         stdout.flush()
 
 
-def scrub_batch(rules, data):
+class CarryWatch:
+    """What the SDK's scrub carries past the end of a text, read off the SDK's own state (in a worker
+    process only). Its PEM pass (``_pem_split_pass``) carries one thing from a line to the next: a
+    private key opened in one record's string and continued in the next records' strings, held in an
+    ``SrPemCarry`` it makes for the text. This wraps both names in the SDK's module so the carry of
+    the outermost pass is kept (a deep line's own scrub runs a pass of its own, inside); ``carried``
+    reads it when the text is done. The SDK reads a carry's other fields only while it is ``open``
+    (``begin`` sets them all), so a closed carry is a fresh one: nothing reaches the next record."""
+
+    def __init__(self, rules):
+        self.depth, self.carries = 0, []
+        split_pass, watch = rules._pem_split_pass, self
+
+        class WatchedCarry(rules.SrPemCarry):
+            __slots__ = ()
+
+            def __init__(self):
+                super().__init__()
+                if watch.depth == 1:
+                    watch.carries.append(self)
+
+        def watched_pass(*args, **kwargs):
+            watch.depth += 1
+            try:
+                return split_pass(*args, **kwargs)
+            finally:
+                watch.depth -= 1
+        rules.SrPemCarry, rules._pem_split_pass = WatchedCarry, watched_pass
+
+    def carried(self):
+        """True when a pass since the last call ended with a key open: a next record would continue it."""
+        carries, self.carries = self.carries, []
+        return any(carry.open for carry in carries)
+
+
+def scrub_batch(rules, watch, data):
     """``scrub_bytes(data, mode="full")`` of the SDK's scrub rules (``a4sx._cli_scrub``) on a batch of
-    whole records, and what joining the batches' reports takes: the SDK scrubs a text a second time,
-    sparing no name-shaped token (and with its own rules for a4sx and Anthropic key prefixes), when the
-    first run spared one or the text holds such a prefix, and keeps each line of the first run that the
-    second confirms (``sr_name_reconciled``); its report is the first run's only when every line of the
-    whole text kept the first run's, else the second's, which a batch cannot know. ``(bytes, [first
-    run's report, second run's], every line kept the first run's)``: the same steps, on the batch."""
+    whole records, and what joining the batches takes: the SDK scrubs a text a second time, sparing no
+    name-shaped token (and with its own rules for a4sx and Anthropic key prefixes), when the first run
+    spared one or the text holds such a prefix, and keeps each line of the first run that the second
+    confirms (``sr_name_reconciled``); its report is the first run's only when every line of the whole
+    text kept the first run's, else the second's, which a batch cannot know. ``(bytes, {"report":
+    first run's, "second": second run's, "kept": every line kept the first run's, "carried": the SDK
+    would carry a key into a next record})``: the same steps, on the batch."""
     state, text = rules._SR_EXEMPT, data.decode("utf-8", "replace")
 
     def run(off, ref):
@@ -2998,6 +3037,7 @@ def scrub_batch(rules, data):
         finally:
             state.off = state.ref = False
 
+    watch.carried()
     state.log = []
     try:
         first = run(False, False)
@@ -3011,7 +3051,46 @@ def scrub_batch(rules, data):
         out, kept = rules.sr_name_reconcile(first[0], second[0], names)
     reports = [{"lines_changed": len({hit["line"] for hit in hits}), "rules": dict(sorted(counts.items()))}
                for _, counts, hits in (first, second)]
-    return (first[0] if kept else out).encode("utf-8"), reports, kept
+    return ((first[0] if kept else out).encode("utf-8"),
+            {"report": reports[0], "second": reports[1], "kept": kept, "carried": watch.carried()})
+
+
+# The SDK takes its deep path for a line (``[REDACTED-DEEP]`` for all of it, a key kept open) when
+# the line nests more than 600 deep, and also when its PEM walk runs out of Python's stack: on CPython
+# 3.9 to 3.11 about 495 objects deep, less the frames its caller already uses. So a line nested near
+# that edge may be scrubbed one way here and the other way by a scrub called from a deeper stack. A
+# text with a line that nests more than a quarter of the interpreter's recursion limit (twice the
+# depth at which the walk could run out, on the interpreters that spend two frames a level) is
+# scrubbed twice: at the bottom of the worker's stack and STACK_MARGIN frames higher. Both the same:
+# no line of it depends on the caller's stack within that margin. Else the save is refused.
+STACK_MARGIN = 200
+
+
+def deep_doubt():
+    return sys.getrecursionlimit() // 4
+
+
+def nests_near_the_stack_edge(data, rules):
+    """True when a line of ``data`` nests more than ``deep_doubt()`` deep, by the SDK's own measure
+    (``rules._too_deep``: brackets outside strings); without it, by its brackets (never fewer)."""
+    doubt, too_deep = deep_doubt(), getattr(rules, "_too_deep", None)
+    if data.count(b"[") + data.count(b"{") <= doubt:
+        return False
+    return any(line.count(b"[") + line.count(b"{") > doubt
+               and (too_deep is None or too_deep(line.decode("utf-8", "replace"), doubt)) for line in byte_lines(data))
+
+
+def scrub_on_any_stack(data, rules, scrub):
+    """``scrub()``, or None when ``data`` nests near the stack's edge and ``scrub()`` called
+    STACK_MARGIN frames higher gives another answer."""
+    done = scrub()
+    if nests_near_the_stack_edge(data, rules) and _higher(STACK_MARGIN, scrub) != done:
+        return None
+    return done
+
+
+def _higher(frames, call):
+    return _higher(frames - 1, call) if frames else call()
 
 
 # What the worker inherits: only what Python needs to start and find the SDK, its search paths
@@ -3166,19 +3245,22 @@ class ScrubbedUpload:
 def scrub_transcript(transcript, each, texts, cancel, workers, upload):
     """The a4sx CLI's rules in mode ``full`` on a ``Transcript``, read once, into ``upload`` (a
     ``ScrubbedUpload``); ``texts`` (the title, the label) too. Each piece read is handed to ``each``
-    first (the checks: it raises to stop), then scrubbed: a small transcript here; a large one in
-    batches of whole records (``record_batches``), by up to ``workers`` worker processes at once, in
-    order. ``({lines_changed, rules}, {"title": (text, counts), ...})``: what ``scrub_bytes`` gives
-    for the whole transcript (``joined_report``). On a failure or a cancel every worker is stopped at
-    once. Raises ``SdkMissing`` when the SDK is not installed."""
+    first (the checks: it raises to stop), then scrubbed: a small transcript here; a large one, or one
+    that nests near the stack's edge, in batches of whole records (``record_batches``) by up to
+    ``workers`` worker processes at once, joined in order where the SDK carries a key across a cut
+    (``Joins``). ``({lines_changed, rules}, {"title": (text, counts), ...})``: what ``scrub_bytes``
+    gives for the whole transcript (``joined_report``). On a failure or a cancel every worker is
+    stopped at once. Raises ``SdkMissing`` when the SDK is not installed."""
     texts = {key: value for key, value in texts.items() if value}
+    pieces = checked_pieces(transcript.pieces, each, cancel)
     if transcript.size <= INPROCESS_SCRUB_BYTES:
-        data = b"".join(checked_pieces(transcript.pieces, each, cancel))
-        scrub = sdk_module("scrub")
-        out, report = scrub.scrub_bytes(data, mode="full")
-        upload.write(out, len(data))
-        return ({"lines_changed": report.lines_changed, "rules": report.rules},
-                {key: list(scrub.scrub_text(value)) for key, value in texts.items()})
+        data, scrub = b"".join(pieces), sdk_module("scrub")
+        if not nests_near_the_stack_edge(data, getattr(scrub, "_cli_scrub", None)):
+            out, report = scrub.scrub_bytes(data, mode="full")
+            upload.write(out, len(data))
+            return ({"lines_changed": report.lines_changed, "rules": report.rules},
+                    {key: list(scrub.scrub_text(value)) for key, value in texts.items()})
+        pieces = iter([data])  # checked already; its workers scrub it on any stack or refuse it
     if not sdk_available():
         raise SdkMissing()
     leased = SCRUB_POOL.lease(max(1, min(workers, -(-transcript.size // SCRUB_BATCH_BYTES))), cancel)
@@ -3187,18 +3269,19 @@ def scrub_transcript(transcript, each, texts, cancel, workers, upload):
         for worker in leased:
             worker.kill()
     cancel.hook(kill)
-    pending, replies, failed = [], [], True
+    pending, joins, failed = [], Joins(upload), True
     try:
         batched = all(worker.batches for worker in leased)
-        for index, batch in enumerate(record_batches(transcript.pieces, each, cancel, batched)):
+        for index, batch in enumerate(record_batches(pieces, batched)):
             if len(pending) == len(leased):
-                _collect(pending.pop(0), upload, replies)
+                joins.take(*pending.pop(0))
             worker = leased[index % len(leased)]
             worker.send(batch, texts if index == 0 else {}, batched)
-            pending.append((worker, len(batch)))
+            pending.append((worker, batch))
             del batch
         while pending:
-            _collect(pending.pop(0), upload, replies)
+            joins.take(*pending.pop(0))
+        joins.finish(leased[0])
         failed = False
     except (OSError, ValueError, KeyError, TypeError):
         if cancel.is_set():
@@ -3209,7 +3292,7 @@ def scrub_transcript(transcript, each, texts, cancel, workers, upload):
         SCRUB_POOL.release(leased, failed)
     if cancel.is_set():
         raise Cancelled()
-    return joined_report(replies), (replies[0]["texts"] if replies else {})
+    return joined_report(joins.replies), joins.texts or {}
 
 
 def checked_pieces(pieces, each, cancel):
@@ -3220,32 +3303,88 @@ def checked_pieces(pieces, each, cancel):
         yield piece
 
 
-def record_batches(pieces, each, cancel, batched=True):
-    """The transcript's pieces, checked (``each``), joined into batches of at least SCRUB_BATCH_BYTES,
-    each cut after a whole record and only where the SDK's scrub carries nothing over (a record that
-    passed the check; PEM_QUIET_LINES). Not ``batched`` (a worker without the steps ``scrub_batch``
-    takes): one batch."""
-    batch, size, quiet = [], 0, PEM_QUIET_LINES
-    for piece in checked_pieces(pieces, each, cancel):
+def record_batches(pieces, batched=True):
+    """The checked pieces joined into batches of at least SCRUB_BATCH_BYTES, each cut after a whole
+    record (a piece ends with one). Not ``batched`` (a worker without the steps ``scrub_batch``
+    takes): one batch, scrubbed whole by the SDK's ``scrub_bytes``."""
+    batch, size = [], 0
+    for piece in pieces:
         batch.append(piece)
         size += len(piece)
-        for line in byte_lines(piece):
-            if b"-----" in line or (len(line) > PEM_DEEP and line.count(b"[") + line.count(b"{") > PEM_DEEP):
-                quiet = 0
-            elif line.strip():
-                quiet += 1
-        if batched and size >= SCRUB_BATCH_BYTES and quiet >= PEM_QUIET_LINES:
+        if batched and size >= SCRUB_BATCH_BYTES:
             yield b"".join(batch)
             batch, size = [], 0
     if batch:
         yield b"".join(batch)
 
 
-def _collect(job, upload, replies):
-    worker, size = job
-    out, reply = worker.receive()
-    upload.write(out, size)
-    replies.append(reply)
+# A batch's end is a cut only where the SDK carries nothing into the next record (``CarryWatch``).
+# Where it carries a key, the batches after it were scrubbed without that key: they are scrubbed
+# again joined to it, as one batch, until a join's end carries nothing or the file ends. A join takes
+# the batches after it until they are as long as it (doubling), so a key held open long costs a few
+# scrubs, not one per batch. Past CARRY_MAX_BYTES the save is refused: records nested too deep to
+# parse keep a key open indefinitely, and a batch that large would pass the save's memory bound.
+CARRY_MAX_BYTES = 4 * MiB
+
+
+class Joins:
+    """The workers' replies, in order, into the upload: each batch's once the SDK carried nothing
+    into it; ``replies`` are those written, ``texts`` the first batch's scrubbed title and label."""
+
+    def __init__(self, upload):
+        self.upload, self.replies, self.texts = upload, [], None
+        self.held, self.after = None, []  # a scrub whose end carries a key; the batches after it
+
+    def take(self, worker, raw):
+        """The reply of the batch ``raw`` sent to ``worker`` (which has no other job)."""
+        out, reply = self._receive(worker)
+        if self.texts is None:
+            self.texts = reply.get("texts") or {}
+        if self.held is None:
+            return self._done(raw, out, reply)
+        self.after.append(raw)  # scrubbed without the key it continues: its reply is not used
+        if sum(map(len, self.after)) >= len(self.held[0]):
+            self._join(worker)
+
+    def finish(self, worker):
+        """The end of the file: what is held is joined to the batches after it; a key still carried
+        at the very end reaches no record."""
+        if self.after:
+            self._join(worker)
+        if self.held is not None:
+            self._write(*self.held)
+
+    def _join(self, worker):
+        raw = self.held[0] + b"".join(self.after)
+        self.held, self.after = None, []
+        if len(raw) > CARRY_MAX_BYTES:
+            raise ToolError("cannot_scrub", say(
+                "The session holds a private key that the a4sx SDK's scrub carries across more than %s of records "
+                "(records nested too deep to parse keep it open); scrubbing that much at once would pass this "
+                "server's memory bound. Nothing was sent. The a4sx CLI saves it: `a4sx push <file>`.",
+                _size(CARRY_MAX_BYTES)))
+        worker.send(raw, {}, True)
+        self._done(raw, *self._receive(worker))
+
+    def _done(self, raw, out, reply):
+        if reply.get("carried"):
+            self.held = (raw, out, reply)
+        else:
+            self._write(raw, out, reply)
+
+    def _write(self, raw, out, reply):
+        self.upload.write(out, len(raw))
+        self.replies.append(reply)
+
+    @staticmethod
+    def _receive(worker):
+        out, reply = worker.receive()
+        if reply.get("stack_dependent"):
+            raise ToolError("cannot_scrub", say(
+                "The session has a record nested so deep that the a4sx SDK's scrub of it depends on how deep in "
+                "the stack the scrub is called, so it cannot be scrubbed exactly. Nothing was sent. Leave that "
+                "record out, or save with the a4sx CLI: `a4sx push <file>`."))
+        return out, reply
 
 
 def joined_report(replies):

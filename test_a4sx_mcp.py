@@ -4933,10 +4933,12 @@ def parity_corpus():
     return b"".join(lines)
 
 
-def batched_scrub(data, batch_bytes, read_bytes, workers=2):
-    """``scrub_transcript`` as a large save runs it, in batches this small: ``(upload, report)``."""
+def batched_scrub(data, batch_bytes, read_bytes, workers=2, inprocess=False):
+    """``scrub_transcript`` as a save runs it, in batches this small: ``(upload, report)``. Not
+    ``inprocess``: also a small transcript goes to the workers."""
     saved = a4sx_mcp.SCRUB_BATCH_BYTES, a4sx_mcp.READ_BYTES, a4sx_mcp.INPROCESS_SCRUB_BYTES
-    a4sx_mcp.SCRUB_BATCH_BYTES, a4sx_mcp.READ_BYTES, a4sx_mcp.INPROCESS_SCRUB_BYTES = batch_bytes, read_bytes, 0
+    a4sx_mcp.SCRUB_BATCH_BYTES, a4sx_mcp.READ_BYTES = batch_bytes, read_bytes
+    a4sx_mcp.INPROCESS_SCRUB_BYTES = saved[2] if inprocess else 0
     upload, batches = a4sx_mcp.ScrubbedUpload(), []
     try:
         report, texts = a4sx_mcp.scrub_transcript(a4sx_mcp.in_pieces(data), batches.append, {"title": "t"},
@@ -4953,10 +4955,10 @@ def test_batched_scrub_gives_the_whole_file_scrub_byte_for_byte():
     """The upload of a large save is what the SDK's ``scrub_bytes`` makes of the whole file, and its
     report the same (lines changed, per-rule counts), though its records were scrubbed in batches by
     several workers: every real transcript of testdata/ and a generated corpus, cut at every record
-    the rule allows (each shape at a batch's edge), the corpus also in batches of a few records."""
+    (each shape at a batch's edge), the corpus also in batches of a few records."""
     scrub = pytest.importorskip("a4sx.scrub")
     corpus = parity_corpus()
-    files = sorted(TESTDATA.rglob("*.jsonl"))
+    files = sorted(TESTDATA.glob("**/*.jsonl"))
     assert len(files) >= 27
     for data in [path.read_bytes() for path in files] + [corpus]:
         whole, report = scrub.scrub_bytes(data, mode="full")
@@ -4967,11 +4969,225 @@ def test_batched_scrub_gives_the_whole_file_scrub_byte_for_byte():
     a4sx_mcp.SCRUB_POOL.stop()
 
 
-def test_a_batch_is_never_cut_inside_a_key_the_scrub_carries_across_records():
-    """The SDK's scrub carries one thing from a record to the next: a private key opened in one
-    record's string and continued in the next ones'. Cut there, the key's body would go up unscrubbed;
-    so a batch is cut only PEM_QUIET_LINES plain records after a line with "-----" (or nested too deep
-    to parse). Raw text (a key across raw lines) never reaches a batch: the check refuses its line."""
+# --- the differential fuzzer: adversarial transcripts, the pipeline against scrub_bytes(whole file) ----
+#
+# A case is a recipe (a list of steps, JSON) rendered to a Claude Code transcript with secrets made at
+# run time; kept cases live in testdata/scrub-parity/ as recipes. The pipeline's answer must be the
+# whole file's scrub, bytes and report, or a refusal (``cannot_scrub``) of a transcript that nests near
+# the stack's edge. CI runs FUZZ_CASES seeded cases; ``A4SX_FUZZ_CASES=5000 pytest -k fuzz`` runs more,
+# ``HARDENING_SEED=<seed>`` replays a run. A disagreement prints its recipe: keep it in testdata.
+
+FUZZ_CASES = int(os.environ.get("A4SX_FUZZ_CASES") or 32)
+PARITY_CASES = TESTDATA / "scrub-parity"
+PEM_KINDS = ["RSA ", "", "EC ", "OPENSSH ", "ENCRYPTED ", "DSA ", "PGP "]
+# nesting depths swept: below, at and past every interpreter's edges (a quarter of the recursion limit,
+# the walk's ~495 objects on 3.9-3.11, the SDK's 600, json's C limit on 3.12+)
+FUZZ_DEPTHS = [1, 2, 10, 100, 249, 250, 251, 300, 390, 400, 450, 470, 480, 490, 495, 500, 510, 520, 530,
+               575, 599, 600, 601, 650, 700, 990, 1000, 1100]
+
+
+def pem_marker(edge, kind):
+    block = " BLOCK" if kind == "PGP " else ""
+    return "-----%s %s%s%s-----" % (edge, kind, "PRIV" + "ATE KEY", block)
+
+
+def pem_body(rng, kind, n):
+    """``n`` lines of a key's base64 body, the first as its kind's bodies begin."""
+    alphabet = string.ascii_letters + string.digits + "+/"
+    first = {"OPENSSH ": "b3BlbnNzaC1rZXktdjE", "PGP ": "lQ"}.get(kind, "MII" + rng.choice("ABCDEFGHI"))
+    lines = [first + "".join(rng.choice(alphabet) for _ in range(64 - len(first)))]
+    lines += ["".join(rng.choice(alphabet) for _ in range(64)) for _ in range(n - 1)]
+    return lines
+
+
+def fuzz_recipe(rng):
+    """A random recipe: plain and secret records, keys opened, continued record by record and closed
+    (or not), deep records before, among and after a key's body, number padding, long lines across
+    the 16 KiB read edges, name-exemption shapes, blank and sessionless lines."""
+    names = sorted(secret_shapes())
+    steps = []
+    for _ in range(rng.randint(2, 14)):
+        what = rng.choice(["text", "text", "open", "body", "end", "deep", "deep", "pad", "long", "list",
+                           "blank", "summary", "keyrun"])
+        kind = rng.choice(PEM_KINDS)
+        if what == "text":
+            steps.append(["text", rng.randint(0, 40), rng.choice(names + [None, None]), rng.choice(["\n", "\r\n"])])
+        elif what == "open":
+            steps.append(["open", kind, rng.choice(["plain", "escaped", "crlf", "list"])])
+        elif what == "body":
+            steps.append(["body", kind, rng.choice([1, 1, 2, 5]), rng.randint(1, 30), rng.choice(["plain", "crlf"])])
+        elif what == "end":
+            steps.append(["end", kind, rng.choice(["plain", "escaped"])])
+        elif what == "deep":
+            steps.append(["deep", rng.choice(["obj", "arr", "mix"]), rng.choice(FUZZ_DEPTHS), rng.randint(1, 40),
+                          rng.choice(["num", "word", "dash", "body", "open"])])
+        elif what == "pad":
+            steps.append(["pad", rng.choice([10, 1000, 20000]), rng.choice([True, False])])
+        elif what == "long":
+            steps.append(["long", rng.choice([16 * 1024, 40000]), rng.choice(names), rng.randint(-40, 40)])
+        elif what == "list":
+            steps.append(["list", kind, rng.randint(1, 6), rng.choice([True, False])])
+        elif what == "keyrun":  # a whole key across records, deep records among its body
+            steps += [["open", kind, "plain"], ["body", kind, 1, rng.randint(1, 4), "plain"],
+                      ["deep", rng.choice(["obj", "arr", "mix"]), rng.choice(FUZZ_DEPTHS), rng.randint(1, 60), "num"],
+                      ["body", kind, 1, rng.randint(1, 25), "plain"], ["end", kind, "plain"]]
+        else:
+            steps.append([what])
+    return steps
+
+
+def render_recipe(steps, seed=0):
+    """A recipe as transcript bytes; its secrets are made here, from ``seed``."""
+    rng, shapes = random.Random(seed), secret_shapes()
+    sid = "fz"
+
+    def record(text, end="\n", role="user", **extra):
+        return json.dumps(claude_record(role, text, session_id=sid, **extra)) + end
+
+    def escaped(line):  # the dashes of a key's marker spelled as JSON escapes
+        return line.replace("-----", "\\u002d\\u002d\\u002d\\u002d\\u002d")
+
+    def nested(shape, depth, inner):
+        opens = "".join(("{\"k\":" if shape == "obj" or (shape == "mix" and i % 2) else "[") for i in range(depth))
+        closes = "".join(("}" if c == "{" else "]") for c in reversed([c for c in opens if c in "{["]))
+        return opens + inner + closes
+
+    out = []
+    for step in steps:
+        what = step[0]
+        if what == "text":
+            words = " ".join(rng.choice(["plain", "words", "here", "fix", "the", "bug"]) for _ in range(step[1]))
+            out.append(record(words + (" %s" % shapes[step[2]] if step[2] else ""), step[3]))
+        elif what == "open":
+            marker, spelling = pem_marker("BEGIN", step[1]), step[2]
+            if spelling == "list":
+                out.append(record([{"type": "text", "text": "the key follows"}, {"type": "text", "text": marker}]))
+            else:
+                line = record("the key follows\n" + marker + ("\r" if spelling == "crlf" else ""))
+                out.append(escaped(line) if spelling == "escaped" else line)
+        elif what == "body":
+            sep = "\r\n" if step[4] == "crlf" else "\n"
+            for _ in range(step[3]):
+                out.append(record(sep.join(pem_body(rng, step[1], step[2]))))
+        elif what == "end":
+            line = record(pem_marker("END", step[1]))
+            out.append(escaped(line) if step[2] == "escaped" else line)
+        elif what == "deep":
+            inner = {"num": "1", "word": '"word"', "dash": '"a ----- b"',
+                     "body": json.dumps(pem_body(rng, "RSA ", 1)[0]),
+                     "open": json.dumps("x\n" + pem_marker("BEGIN", "RSA "))}[step[4]]
+            line = ('{"type":"assistant","sessionId":"%s","message":{"role":"assistant","content":[{"type":'
+                    '"tool_use","id":"t","name":"Bash","input":%s}]}}\n' % (sid, nested(step[1], step[2], inner)))
+            out += [line] * step[3]
+        elif what == "pad":
+            text = pem_body(rng, "RSA ", 1)[0] if step[2] else "padding"
+            out.append(record(text, toolUseResult=list(range(step[1]))))
+        elif what == "long":
+            filler = "x" * max(0, step[1] + step[3] - 80)
+            out.append(record(filler + " " + shapes[step[2]] + " " + "y" * 200))
+        elif what == "list":
+            kind = step[1]
+            body = [pem_marker("BEGIN", kind)] + pem_body(rng, kind, step[2]) + (
+                [pem_marker("END", kind)] if step[3] else [])
+            out.append(record([{"type": "text", "text": line} for line in body]))
+        elif what == "blank":
+            out.append("\n")
+        elif what == "summary":
+            out.append(json.dumps({"type": "summary", "summary": "s", "leafUuid": "u"}) + "\n")
+    out.append(record("the end"))
+    return "".join(out).encode("utf-8")
+
+
+def parity_outcome(data, batch_bytes, read_bytes, inprocess=False):
+    """None when the pipeline gives the whole file's scrub (or refuses a transcript it may refuse),
+    else what differs."""
+    scrub = pytest.importorskip("a4sx.scrub")
+    whole, report = scrub.scrub_bytes(data, mode="full")
+    want = {"lines_changed": report.lines_changed, "rules": report.rules}
+    try:
+        got = batched_scrub(data, batch_bytes, read_bytes, inprocess=inprocess)
+    except a4sx_mcp.ToolError as err:
+        if err.code == "cannot_scrub" and a4sx_mcp.nests_near_the_stack_edge(data, scrub._cli_scrub):
+            return None
+        return "refused: %s %s" % (err.code, err.message)
+    if got == (whole, want):
+        return None
+    if got[0] != whole:
+        at = next(i for i, (x, y) in enumerate(zip(got[0].split(b"\n"), whole.split(b"\n"))) if x != y)
+        return "bytes differ from line %d; report %s, whole file's %s" % (at + 1, got[1], want)
+    return "report %s, whole file's %s" % (got[1], want)
+
+
+FUZZ_CUTS = [(1, 1), (200, 100), (3000, 700), (32 * 1024, 16 * 1024)]
+
+
+def test_scrub_parity_fuzz():
+    """Seeded adversarial transcripts (``fuzz_recipe``) through the real pipeline, each compared with
+    ``scrub_bytes(whole file)``: bytes and report, at every batch and read size of FUZZ_CUTS in turn,
+    small ones also scrubbed in the server's own process; a refusal only for a transcript that nests
+    near the stack's edge."""
+    rules = pytest.importorskip("a4sx._cli_scrub")
+    seed = hardening_seed(3207)
+    failures, near = [], 0
+    for case in range(FUZZ_CASES):
+        rng = random.Random(seed + case)
+        steps = fuzz_recipe(rng)
+        data = render_recipe(steps, seed + case)
+        cut = FUZZ_CUTS[case % len(FUZZ_CUTS)]
+        problem = parity_outcome(data, *cut, inprocess=case % 3 == 0)
+        if problem:
+            failures.append({"seed": seed + case, "cut": cut, "steps": steps, "problem": problem})
+        near += a4sx_mcp.nests_near_the_stack_edge(data, rules)
+    a4sx_mcp.SCRUB_POOL.stop()
+    assert not failures, "keep these in testdata/scrub-parity/:\n" + "\n".join(json.dumps(f) for f in failures)
+    assert 0 < near < FUZZ_CASES  # (the sweep reaches past the edges, and below them)
+
+
+def test_scrub_parity_kept_cases():
+    """Every disagreement the fuzzer ever found, kept as its recipe (testdata/scrub-parity/), at every
+    batch and read size of FUZZ_CUTS."""
+    cases = sorted(PARITY_CASES.glob("*.json"))
+    assert cases
+    for path in cases:
+        kept = json.loads(path.read_text())
+        data = render_recipe(kept["steps"], kept["seed"])
+        for cut in FUZZ_CUTS:
+            assert parity_outcome(data, *cut) is None, (path.name, cut)
+    a4sx_mcp.SCRUB_POOL.stop()
+
+
+def deep_key_transcript(depth, shape="obj", where="among", count=300):
+    """The red team's case: a record's text ends with a key's first line, ``count`` records nested
+    ``depth`` deep (``where``: before, among or after the key's 25 body lines, one a record), then the
+    body and the key's end."""
+    deep = ["deep", shape, depth, count, "num"]
+    body = ["body", "RSA ", 1, 25, "plain"]
+    steps = {"before": [deep, ["open", "RSA ", "plain"], body],
+             "among": [["open", "RSA ", "plain"], deep, body],
+             "after": [["open", "RSA ", "plain"], body, deep]}[where] + [["end", "RSA ", "plain"]]
+    return render_recipe(steps, depth)
+
+
+@pytest.mark.parametrize("shape", ["obj", "arr", "mix"])
+def test_a_key_kept_open_by_deep_records_uploads_the_whole_file_scrub_or_nothing(shape):
+    """Depths 480 to 1,000, the deep records before, among and after the key's body: the upload is the
+    whole file's scrub, or the save is refused (a transcript nesting near the stack's edge); past the
+    SDK's own 600 (its deep path whatever the stack) it is never refused."""
+    scrub = pytest.importorskip("a4sx.scrub")
+    for depth in (480, 495, 500, 520, 530, 575, 600, 601, 700, 1000):
+        for where in ("before", "among", "after"):
+            data = deep_key_transcript(depth, shape, where, count=12)  # (300 records: a kept case)
+            assert parity_outcome(data, 3000, 700) is None, (depth, where)
+            if depth > 600:
+                assert batched_scrub(data, 3000, 700)[0] == scrub.scrub_bytes(data)[0]
+    a4sx_mcp.SCRUB_POOL.stop()
+
+
+def test_a_cut_where_the_sdk_carries_a_key_is_no_cut():
+    """The SDK's scrub carries a private key opened in one record's string into the next records'.
+    Batches cut at every record: each cut where the SDK's own carry is open is joined again, so the
+    key's body goes up scrubbed; scrubbed record by record it would not. Raw text (a key across raw
+    lines) never reaches a batch: the check refuses its line."""
     scrub = pytest.importorskip("a4sx.scrub")
     key = secret_shapes()["private_key"].split("\n")
     records = [claude_record("user", "key:\n" + key[0], session_id="par")] + [
@@ -4993,11 +5209,32 @@ def test_a_batch_is_never_cut_inside_a_key_the_scrub_carries_across_records():
     a4sx_mcp.READ_BYTES = a4sx_mcp.SCRUB_BATCH_BYTES = 1
     try:
         with pytest.raises(a4sx_mcp.ToolError):
-            for batch in a4sx_mcp.record_batches(a4sx_mcp.in_pieces(raw).pieces, each, a4sx_mcp.CancelFlag()):
+            pieces = a4sx_mcp.checked_pieces(a4sx_mcp.in_pieces(raw).pieces, each, a4sx_mcp.CancelFlag())
+            for batch in a4sx_mcp.record_batches(pieces):
                 batches.append(batch)
     finally:
         a4sx_mcp.READ_BYTES, a4sx_mcp.SCRUB_BATCH_BYTES = saved
     assert batches == [plain] and check.number == 2  # refused at the first raw line: it reached no batch
+    a4sx_mcp.SCRUB_POOL.stop()
+
+
+def test_a_key_carried_past_the_join_bound_is_refused_with_nothing_sent():
+    """Records nested too deep to parse keep a key open for as long as they go on: past CARRY_MAX_BYTES
+    of them the save is refused (a batch that large would pass the memory bound), never cut."""
+    pytest.importorskip("a4sx.scrub")
+    saved = a4sx_mcp.CARRY_MAX_BYTES
+    a4sx_mcp.CARRY_MAX_BYTES = 256 * 1024
+    try:
+        data = deep_key_transcript(700, "arr", "among", count=400)  # ~560 KiB of deep records
+        assert len(data) > a4sx_mcp.CARRY_MAX_BYTES
+        with pytest.raises(a4sx_mcp.ToolError) as refused:
+            batched_scrub(data, 32 * 1024, 16 * 1024)
+        assert refused.value.code == "cannot_scrub" and "Nothing was sent" in refused.value.message
+        a4sx_mcp.CARRY_MAX_BYTES = len(data) + 1  # within the bound: joined, the whole file's scrub
+        assert parity_outcome(data, 32 * 1024, 16 * 1024) is None
+    finally:
+        a4sx_mcp.CARRY_MAX_BYTES = saved
+        a4sx_mcp.SCRUB_POOL.stop()
 
 
 def secret_transcript(session_id="pub-1", padding=0):
@@ -5340,7 +5577,8 @@ def test_the_testdata_are_real_transcripts_of_every_client_version():
             "token_usage_record"} <= types, sorted(types)
 
 
-REAL_LAYOUTS = sorted(p for p in TESTDATA.iterdir() if p.is_dir() and p.name != "mcp-registry")  # (the registry's schema)
+REAL_LAYOUTS = sorted(p for p in TESTDATA.iterdir() if p.is_dir() and p.name not in ("mcp-registry", "scrub-parity"))
+# (not layouts: the registry's schema; the scrub fuzzer's kept recipes)
 
 
 def test_the_testdata_layouts_are_the_clis_own():
