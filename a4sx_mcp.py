@@ -17,7 +17,7 @@ performance code; each section's banner names the claims below that it carries:
 3. framing and tool results        (claims 6, 14: the nonce envelope; the only builders of a result and a list)
 4. transcripts and the taint rule  (claims 7, 8, 16: ``check_transcript``, ``publish_taint``; the renderer)
 5. local session files             (claims 13, 15: the agents' own transcripts, found and read safely)
-6. the a4sx SDK bridge             (claims 7, 9: the scrub worker, the SDK's records, lazily)
+6. the a4sx SDK bridge             (claims 7, 9: the scrub worker, parity, the SDK's records, lazily)
 7. tools                           (claims 7, 10, 15: schemas, validation, handlers, ``publish_checked``,
                                     ``Saves``: saves answered in time, finished in the background)
 8. resources, prompts, completions (claim 14: the same handlers, picked by the user; prompt texts)
@@ -49,11 +49,15 @@ that shows there is no other place, and the test that proves it:
    envelope it cannot close, in both copies: only section 3's builders make a result (``json_result``,
    ``context_result``, ``error_result``, ``framed_error``), through ``envelope`` and
    ``structured_frame``; ``fenced`` keeps ``<<<`` and ``>>>`` out of every body line itself.
-7. Nothing is published unchecked: ``publish_checked`` runs ``check_transcript``'s rule (each
-   harness's record envelope) on each piece read before it is scrubbed, the rate limit and the SDK's
-   scrub (``scrub_transcript``: the whole file's, though in batches of records), then uploads the
-   scrubbed bytes, once all of it passed, on the push route, sending no visibility; that a push is
-   stored privately is the API's to keep.
+7. What leaves is the scrub's output, on the push route: ``send_prepared`` is the one upload (called
+   from ``publish_checked``, ``tool_publish_local_session`` and ``saved_after_preview``; a retry sends
+   the same file), of a ``ScrubbedUpload`` that only ``scrub_transcript`` and ``Joins._write`` write,
+   with the SDK's scrub (mode ``full``) of pieces that each passed ``check_transcript``'s rule (each
+   harness's record envelope) before they were scrubbed, sending no visibility; that a push is stored
+   privately is the API's to keep. Parity: those bytes are the SDK's ``scrub_bytes`` of the whole
+   file, though scrubbed in batches, or the save is refused: what the SDK carries across a batch's end
+   is read off its own state (``CarryWatch``), a line near the stack's edge is scrubbed on two stacks
+   (``scrub_on_any_stack``); SECURITY.md's "Parity" names the one case not covered.
 8. Another author's content keeps its warning when published again: ``publish_taint``.
 9. The only other processes are the scrub workers (this file with ``--scrub-worker``, pipes only,
    the ``WORKER_ENV`` variables only); the only files written are the SDK's untrusted-session records
@@ -3358,11 +3362,11 @@ class Joins:
         raw = self.held[0] + b"".join(self.after)
         self.held, self.after = None, []
         if len(raw) > CARRY_MAX_BYTES:
-            raise ToolError("cannot_scrub", say(
-                "The session holds a private key that the a4sx SDK's scrub carries across more than %s of records "
-                "(records nested too deep to parse keep it open); scrubbing that much at once would pass this "
-                "server's memory bound. Nothing was sent. The a4sx CLI saves it: `a4sx push <file>`.",
-                _size(CARRY_MAX_BYTES)))
+            raise ToolError("cannot_scrub", say("The session holds a private key that the a4sx SDK's scrub carries "
+                                                "across more than %s of records (records nested too deep to parse "
+                                                "keep it open); scrubbing that much at once would pass this server's "
+                                                "memory bound. Nothing was sent. The a4sx CLI saves it: `a4sx push "
+                                                "<file>`.", _size(CARRY_MAX_BYTES)))
         worker.send(raw, {}, True)
         self._done(raw, *self._receive(worker))
 
@@ -3380,10 +3384,10 @@ class Joins:
     def _receive(worker):
         out, reply = worker.receive()
         if reply.get("stack_dependent"):
-            raise ToolError("cannot_scrub", say(
-                "The session has a record nested so deep that the a4sx SDK's scrub of it depends on how deep in "
-                "the stack the scrub is called, so it cannot be scrubbed exactly. Nothing was sent. Leave that "
-                "record out, or save with the a4sx CLI: `a4sx push <file>`."))
+            raise ToolError("cannot_scrub", say("The session has a record nested so deep that the a4sx SDK's scrub "
+                                                "of it depends on how deep in the stack the scrub is called, so it "
+                                                "cannot be scrubbed exactly. Nothing was sent. Leave that record "
+                                                "out, or save with the a4sx CLI: `a4sx push <file>`."))
         return out, reply
 
 

@@ -1610,7 +1610,8 @@ REVIEW_SEARCHES = {
         (r"context_result\(", {"context_result", "tool_fetch_session_context"})],
     7: [(r"publish_checked\(|prepare_publish\(", {"publish_checked", "prepare_publish", "tool_publish_session",
                                                   "tool_publish_local_session"}),
-        (r'"push"|push_with_retries\(', {"<module>", "push_with_retries", "send_prepared"})],
+        (r'"push"|push_with_retries\(', {"<module>", "push_with_retries", "send_prepared"}),
+        (r"upload\.write\(", {"scrub_transcript", "Joins._write"})],
     8: [(r"untrusted = |mark_untrusted\(", {"send_prepared", "mark_untrusted", "tool_search_sessions",
                                             "tool_get_session_summary", "tool_fetch_session_context"})],
     9: [(r'lazy\("subprocess"\)|write_private|fchmod|os\.(system|popen|fork|exec\w*|spawn\w*|replace|rename|remove|'
@@ -1847,6 +1848,44 @@ def test_each_claim_s_print_line_names_its_places_and_its_size():
             named = {line.split()[1] for line in done.stdout.splitlines()}
             named = {"<module>" if name in classes else name for name in named}  # a class's own lines
             assert allowed is None or named == allowed, (claim, pattern, named, allowed)
+
+
+def callers_in_module(place):
+    """The module's functions and methods (``Class.method``) that call ``place`` (a function, a class,
+    or ``Class.method`` called as ``self.method``)."""
+    import ast
+
+    cls, _, name = place.rpartition(".")
+    found = set()
+    for node in _module_tree().body:
+        funcs = [(node.name, node)] if isinstance(node, ast.FunctionDef) else [
+            ("%s.%s" % (node.name, m.name), m) for m in node.body if isinstance(m, ast.FunctionDef)
+        ] if isinstance(node, ast.ClassDef) else []
+        for qualified, func in funcs:
+            for sub in ast.walk(func):
+                if isinstance(sub, ast.Call):
+                    target = sub.func
+                    if (isinstance(target, ast.Name) and not cls and target.id == name) or (
+                            isinstance(target, ast.Attribute) and target.attr == name
+                            and (not cls or qualified.startswith(cls + "."))):
+                        found.add(qualified)
+    return found
+
+
+def test_claim_7_what_leaves_says_where_each_place_is_called_from():
+    """SECURITY.md's one-hour print of claim 7 (what leaves): each place's "Called from:" names exactly
+    the functions that call it, so the paths that upload can be checked from the print; and the
+    upload's file gets bytes only from the scrub stage (its ``write``'s callers)."""
+    top = _security_md().split("### Claim 7, publishing", 1)[1].split("### Claim 10", 1)[0]
+    items = re.findall(r"^\d+\. `([\w.]+)`(.*?)(?=^\d+\. `|^What this file)", top, re.M | re.S)
+    assert [place for place, _ in items] == ["send_prepared", "ScrubbedUpload", "scrub_transcript", "Joins._write"]
+    functions = {name for node in _module_tree().body for name in ([getattr(node, "name", "")] + [
+        "%s.%s" % (node.name, m.name) for m in getattr(node, "body", []) if hasattr(m, "args")])}
+    for place, text in items:
+        said = text.split("Called from:", 1)[1]
+        named = set(re.findall(r"`([\w.]+)`", said)) & functions
+        assert named == callers_in_module(place), (place, named, callers_in_module(place))
+    assert callers_in_module("push_with_retries") == {"send_prepared"}  # (the upload's only send)
 
 
 def test_every_text_outside_an_envelope_is_this_file_s_words():
