@@ -2218,12 +2218,12 @@ def pick_transcript(bundle):
     return None
 
 
-def render_context(title, turns, max_tokens, untrusted, loaded=""):
+def render_context(title, turns, max_tokens, untrusted, loaded="", hint_next=None):
     """``(body lines, turns included, truncated)``: the fetch text's envelope body (``context_result``
     frames it), the title (and ``loaded``: which entry and version), the first user turn and the
     newest turns that fit, with the envelope, in ``max_tokens × 4`` characters, and a marker saying
-    how many turns were left out. Turns are escaped only when they are looked at: newest first,
-    until the budget is full."""
+    how many turns were left out (``hint_next``: the hint line ``context_result`` adds counts too).
+    Turns are escaped only when they are looked at: newest first, until the budget is full."""
     title_line = "Title: " + (one_line(title or "", 200) or "(untitled)") + (
         "\n" + one_line(loaded, 300) if loaded else "")
     if not turns:
@@ -2238,7 +2238,7 @@ def render_context(title, turns, max_tokens, untrusted, loaded=""):
                         and len(body) == TURN_CAP)
         return cache[i][0]
 
-    room = max_tokens * 4 - len(envelope("0" * 2 * NONCE_BYTES, [title_line], untrusted)) - 1
+    room = max_tokens * 4 - len(context_result([title_line], untrusted, {}, hint_next).text) - 1
     used, fits = 0, True
     for i in range(len(turns) - 1, -1, -1):
         used += len(rendered(i)) + 1
@@ -4287,10 +4287,11 @@ def tool_fetch_session_context(ctx, args):
     turns = canonical_turns(content, tools) if kind == "canonical" else claude_turns(content, tools)
     content = picked = None
     loaded = "Library id: %s, version %s" % (args["id"], _str(version) or "latest")
-    body, included, truncated = render_context(title, turns, args["max_tokens"], untrusted, loaded)
+    hint = RESUME_NEXT if harness == "claude-code" else None
+    body, included, truncated = render_context(title, turns, args["max_tokens"], untrusted, loaded, hint)
     fields = {"status": "ok", "source": "library", "max_tokens": args["max_tokens"], "approx_tokens": None,
               "truncated": truncated, "turns_total": len(turns), "turns_included": included}  # context_result counts
-    return context_result(body, untrusted, fields, RESUME_NEXT if harness == "claude-code" else None)
+    return context_result(body, untrusted, fields, hint)
 
 
 # --- publish_session ----------------------------------------------------------------------------

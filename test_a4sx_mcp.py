@@ -41,7 +41,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SERVER = os.path.join(HERE, "a4sx_mcp.py")
 TESTDATA = pathlib.Path(HERE) / "testdata"  # real transcripts the clients wrote (README-*.txt there)
 HOSTED_TOOLS = ["search_sessions", "get_session_summary", "acquire_session", "fetch_session_context", "publish_session"]
-TOOL_NAMES = HOSTED_TOOLS + ["publish_local_session"]  # the five of the hosted server, then the local one
+TOOL_NAMES = HOSTED_TOOLS + ["publish_local_session", "list_local_sessions"]  # the hosted five, then the local two
 LEGACY = ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"]
 MODERN = "2026-07-28"
 MODERN_META = {"io.modelcontextprotocol/protocolVersion": MODERN,
@@ -343,7 +343,8 @@ SERVER_FIELDS_OF = {"search_sessions": {"scope", "total"}, "get_session_summary"
                     "fetch_session_context": {"status", "source", "max_tokens", "approx_tokens", "truncated",
                                               "turns_total", "turns_included"},
                     "publish_session": {"status", "visibility", "deduped", "next"},
-                    "publish_local_session": {"status", "visibility", "deduped", "next"}}
+                    "publish_local_session": {"status", "visibility", "deduped", "next"},
+                    "list_local_sessions": {"scope", "total"}}
 
 
 def check_output_schema(tool, structured, is_error=False):
@@ -422,7 +423,8 @@ def assert_framed_json(text, structured):
         assert set(hints) <= {"next", "next_offset"}
         assert isinstance(hints.get("next_offset", 0), int)
         assert hints.get("next", a4sx_mcp.ACQUIRED_NEXT) in (
-            a4sx_mcp.ACQUIRED_NEXT, a4sx_mcp.NEVER_BUYS, "more results: call again with offset = next_offset")
+            a4sx_mcp.ACQUIRED_NEXT, a4sx_mcp.ACQUIRED_RESUME_NEXT, a4sx_mcp.NEVER_BUYS,
+            "more results: call again with offset = next_offset")
     size = len(json.dumps(text, separators=(",", ":"))) + len(json.dumps(structured, separators=(",", ":")))
     assert size <= 64 * 1024
     return body
@@ -3801,8 +3803,9 @@ def assert_copies_agree(result):
     if "data" not in structured and "context" not in structured:  # a plain error: fixed texts only
         assert text == "a4sx error %s: %s" % (structured["error"], structured["message"]), text
         return
-    if "context" in structured:
-        assert structured["context"] == text, (structured["context"][:200], text[:200])
+    if "context" in structured:  # the text copy: the context, then the hint line when there is a next step
+        hint = "\n" + a4sx_mcp.HINT_PREFIX + json.dumps({"next": structured["next"]}) if "next" in structured else ""
+        assert structured["context"] + hint == text, (structured["context"][:200], text[-400:])
         return
     assert structured["data"] in text, (structured["data"][:200], text[:400])
     body = json.loads(structured["data"].split("\n")[1])
@@ -3834,7 +3837,7 @@ SPEC_SUMMARY_CAPS = dict(SPEC_CAPS, description=2000, abstract=2000)
 BEGIN_LINE = re.compile(r"<<<A4SX_UNTRUSTED_SESSION nonce=([0-9a-f]{16})>>>")
 END_LINE = re.compile(r"<<<END_A4SX_UNTRUSTED_SESSION nonce=([0-9a-f]{16})>>>")
 MORE_RESULTS = "more results: call again with offset = next_offset"
-FIXED_NEXT = (a4sx_mcp.ACQUIRED_NEXT, a4sx_mcp.NEVER_BUYS, MORE_RESULTS)
+FIXED_NEXT = (a4sx_mcp.ACQUIRED_NEXT, a4sx_mcp.ACQUIRED_RESUME_NEXT, a4sx_mcp.NEVER_BUYS, MORE_RESULTS)
 BAD_CHARS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
 ONE_LINE_BAD = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
 CODE_SHAPE = re.compile(r"[a-z][a-z0-9_]{0,63}\Z")
@@ -7829,11 +7832,27 @@ def test_acquire_free_listing(mcp, stub, token):
     body = assert_framed_json(text, structured)
     assert "next" not in body
     hint = json.loads(text.rsplit("\n", 1)[1].split(": ", 1)[1])
-    assert hint == {"next": a4sx_mcp.ACQUIRED_NEXT} and structured["library_id"] not in text.rsplit("\n", 1)[1]
+    # a Claude Code listing: the hint also names `a4sx resume`, a fixed text (the id stays a field of the result)
+    assert hint == {"next": a4sx_mcp.ACQUIRED_RESUME_NEXT} and structured["library_id"] not in text.rsplit("\n", 1)[1]
+    assert "a4sx resume <library_id>" in hint["next"] and structured["next"] == hint["next"]
     request = stub.requests("POST /library/acquire")[-1]
     assert request["path"] == "/library/acquire/free-1"
     assert request["query"] == {"tenant": "acme", "version": "latest"}
     assert request["headers"]["authorization"] == "Bearer " + token
+
+
+@pytest.mark.parametrize("harness, lookup", [("codex-cli", 200), ("grok-build", 200), ("unknown", 200),
+                                             ("claude-code", 500), ("claude-code", 404)])
+def test_acquire_names_resume_only_for_a_claude_code_session(mcp, stub, token, harness, lookup):
+    """Codex and the other harnesses cannot resume, and a harness that cannot be told gets no resume hint."""
+    stub.listings["one"] = listing("one", harness={"id": harness, "version": "1.0.0"})
+    if lookup != 200:
+        stub.queue("GET /memory/discover/item", lookup, {"error": {"code": "boom"}})
+    structured, text, is_error = mcp.tool("acquire_session", {"id": "one"})
+    assert not is_error and structured["status"] == "acquired"
+    assert structured["next"] == a4sx_mcp.ACQUIRED_NEXT and "resume" not in text.rsplit("\n", 1)[1], text[-300:]
+    assert [r["route"] for r in stub.requests()] == ["POST /library/acquire", "GET /memory/discover/item"]
+    assert "authorization" not in stub.requests("GET /memory/discover/item")[-1]["headers"]  # asked anonymously
 
 
 def test_acquire_paid_listing_returns_payment_required_and_never_buys(mcp, stub, token):
@@ -7933,7 +7952,10 @@ def test_fetch_claude_code_transcript(mcp, stub, token):
     assert not is_error
     assert stub.requests("GET /library/fetch")[-1]["query"] == {"cid": "s-1", "version": "4"}
     notice, inside, end, after = envelope_parts(text)
-    assert after == [] and text.endswith(end)
+    # a Claude Code session (its library row's harness): the hint line names `a4sx resume`, a fixed text
+    assert after == [a4sx_mcp.HINT_PREFIX + json.dumps({"next": a4sx_mcp.RESUME_NEXT})]
+    assert structured["next"] == a4sx_mcp.RESUME_NEXT and "s-1" not in after[0]
+    assert any(a4sx_mcp.ABOUT_HINTS in line for line in notice)
     assert inside[0] == "Title: My session"
     assert inside[1] == "Library id: s-1, version %s" % stub.bundles["s-1"]["version"]  # issue 16: which one loaded
     joined = "\n".join(inside)
@@ -7942,7 +7964,8 @@ def test_fetch_claude_code_transcript(mcp, stub, token):
     assert "[tool call" not in joined and "1 failed" not in joined
     assert "\\# Heading" in joined and "\u2039\u2039\u2039END_A4SX" in joined
     assert structured["turns_total"] == 3 and structured["turns_included"] == 3 and structured["truncated"] is False
-    assert structured["context"] == text and structured["approx_tokens"] == len(text) // 4
+    assert structured["context"] == text[:text.index(end) + len(end)]
+    assert structured["approx_tokens"] == len(structured["context"]) // 4
     assert structured["untrusted"] is False and structured["source"] == "library" and structured["status"] == "ok"
     assert structured["max_tokens"] == 8000
     assert not {"version", "title", "acquired_from", "id"} & set(structured)  # author and API data: framed only
@@ -7970,6 +7993,7 @@ def test_fetch_canonical_document_of_another_harness(mcp, stub, token):
     assert "### Assistant\nSure\n[tool call: shell {\"cmd\": \"ls\"}]" in inside
     assert "### User\n[tool result: a.py b.py]" in inside
     assert structured["turns_total"] == 3
+    assert "next" not in structured and envelope_parts(text)[3] == [] and "resume" not in text  # Codex cannot resume
 
 
 def test_fetch_falls_back_from_unreadable_canonical_to_jsonl(mcp, stub, token):
@@ -8046,7 +8070,8 @@ def test_fetch_single_enormous_turn_and_enormous_title(mcp, stub, token):
         structured, text, _ = mcp.tool("fetch_session_context", {"id": "huge", "max_tokens": max_tokens})
         assert len(text) <= max_tokens * 4 and structured["truncated"] is True
         notice, inside, _, after = envelope_parts(text)
-        assert after == [] and inside[0].startswith("Title: \\#T ")
+        assert after == [a4sx_mcp.HINT_PREFIX + json.dumps({"next": a4sx_mcp.RESUME_NEXT})]  # within the budget
+        assert inside[0].startswith("Title: \\#T ")
         assert len(inside[0]) <= len("Title: ") + 200
         assert all(len(line) <= 16000 + 20 for line in inside)
     structured, text, _ = mcp.tool("fetch_session_context", {"id": "huge", "max_tokens": 100000})
@@ -9000,13 +9025,14 @@ def test_tool_schemas_match_the_spec_exactly():
     expected = {
         "search_sessions": (True, False, True, False), "get_session_summary": (True, False, True, False),
         "fetch_session_context": (True, False, True, False), "acquire_session": (False, False, True, False),
-        "publish_session": (False, False, False, False), "publish_local_session": (False, False, False, False)}
+        "publish_session": (False, False, False, False), "publish_local_session": (False, False, False, False),
+        "list_local_sessions": (True, False, True, False)}
     for name, hints in expected.items():
         ann = tools[name]["annotations"]
         assert (ann["readOnlyHint"], ann["destructiveHint"], ann["idempotentHint"], ann["openWorldHint"]) == hints
     assert [tools[n]["title"] for n in TOOL_NAMES] == [
         "Search sessions", "Session summary", "Acquire session", "Load session as context", "Save session to library",
-        "Save this session to library"]
+        "Save this session to library", "This project's local sessions"]
     local = tools["publish_local_session"]["inputSchema"]
     assert "required" not in local and local["properties"]["session"]["default"] == "current"
     for name in ("title", "label", "parent", "idempotency_key"):  # the same meanings and limits as publish_session
