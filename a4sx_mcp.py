@@ -2905,8 +2905,8 @@ def _head(session):
 
 def _prompt_of(record, harness):
     """The user's own words a record holds, if it is the user's message: Claude Code's ``user`` record
-    (not a tool result, not a meta or command record), Codex CLI's user ``message`` item (not the
-    ``<environment_context>`` and instructions it sends first); "" otherwise."""
+    (not a tool result, not a meta or command record), Codex CLI's user ``message`` item, without the
+    tagged texts the clients add (``<environment_context>``, ``<command-name>``, ``<image ...>``); "" otherwise."""
     if harness == "codex-cli":
         payload = record.get("payload")
         if not (record.get("type") == "response_item" and isinstance(payload, dict)
@@ -2921,8 +2921,7 @@ def _prompt_of(record, harness):
         content = message.get("content")
         texts = [content] if isinstance(content, str) else [
             b.get("text") for b in _list(content) if isinstance(b, dict) and b.get("type") == "text"]
-    text = " ".join(t for t in texts if isinstance(t, str)).strip()
-    return "" if text.startswith("<") else text[:4 * KiB]
+    return " ".join(t.strip() for t in texts if isinstance(t, str) and not t.lstrip().startswith("<")).strip()[:4 * KiB]
 
 
 # A character of a phrase as a session file may spell it inside a JSON string: as itself (either case),
