@@ -5279,8 +5279,8 @@ SAVE_SESSION_TEXT = (
     "arguments without preview and tell me the library_id it returns. Do not make anything public.")
 # The session the user describes (their own words, or an id): found first, with the list tool, then previewed.
 SAVE_FOUND_SESSION_TEXT = (
-    "Save one of this project's sessions recorded on this machine to my PRIVATE a4sx library: the one I describe "
-    "below. First find it: call the list_local_sessions tool with these arguments: %s (try shorter words if it finds "
+    "Save one of this project's sessions recorded on this machine to my PRIVATE a4sx library: the one the query "
+    "here describes. First find it: call the list_local_sessions tool with these arguments: %s (try shorter words if it finds "
     "none) and show me what it finds (id, times, first prompt, snippets); if it is not clear which session I mean, "
     "ask me. Then call the publish_local_session tool with \"session\" set to that session's id and \"preview\": "
     "true (it reads the transcript from this machine; nothing is sent) and show me what it would save and where: "
