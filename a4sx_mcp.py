@@ -6320,8 +6320,9 @@ def run_check(settings):
     out.append("config dir: %s" % settings.config_dir)
     sessions = local_sessions(settings.session_roots)
     for harness, name in (("claude-code", "Claude Code"), ("codex-cli", "Codex CLI")):
-        out.append("sessions:   %s: %d session files in %s (read only by publish_local_session and "
-                   "list_local_sessions)" % (name, sum(1 for x in sessions if x.harness == harness), settings.session_roots[harness]))
+        readers = "publish_local_session and list_local_sessions"
+        out.append("sessions:   %s: %d session files in %s (read only by %s)" % (
+            name, sum(1 for x in sessions if x.harness == harness), settings.session_roots[harness], readers))
     own = [x for x in sessions if x.harness == "claude-code" and x.id == settings.claude_session_id]
     out.append("current:    %s" % (
         "$CLAUDE_CODE_SESSION_ID names a session file here (a call's own _meta is asked first)" if own
