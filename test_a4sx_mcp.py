@@ -3838,7 +3838,8 @@ SPEC_SUMMARY_CAPS = dict(SPEC_CAPS, description=2000, abstract=2000)
 BEGIN_LINE = re.compile(r"<<<A4SX_UNTRUSTED_SESSION nonce=([0-9a-f]{16})>>>")
 END_LINE = re.compile(r"<<<END_A4SX_UNTRUSTED_SESSION nonce=([0-9a-f]{16})>>>")
 MORE_RESULTS = "more results: call again with offset = next_offset"
-FIXED_NEXT = (a4sx_mcp.ACQUIRED_NEXT, a4sx_mcp.ACQUIRED_RESUME_NEXT, a4sx_mcp.NEVER_BUYS, MORE_RESULTS)
+FIXED_NEXT = (a4sx_mcp.ACQUIRED_NEXT, a4sx_mcp.ACQUIRED_RESUME_NEXT, a4sx_mcp.NEVER_BUYS, MORE_RESULTS,
+              a4sx_mcp.RESUME_NEXT)
 BAD_CHARS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
 ONE_LINE_BAD = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
 CODE_SHAPE = re.compile(r"[a-z][a-z0-9_]{0,63}\Z")
@@ -4028,12 +4029,13 @@ class InjectionRun:
         assert END_LINE.fullmatch(lines[end]).group(1) == nonce and begin < end
         assert text.count("<<<") == 2 and text.count(">>>") == 2, "a forged delimiter run"
         notice = lines[:begin]
-        about = a4sx_mcp.ABOUT_HINTS if json_result else None
+        hinted = lines[end + 1:] and lines[-1].startswith(a4sx_mcp.HINT_PREFIX)  # a fetch with its resume hint too
+        about = a4sx_mcp.ABOUT_HINTS if json_result or hinted else None
         variants = {u: text_notice(nonce, u, about) + [""] for u in (False, True)}
         assert notice in variants.values(), "notice not first or not the fixed text: %r" % notice
         untrusted = notice == variants[True]
         after = lines[end + 1:]
-        assert len(after) <= (1 if json_result else 0), after
+        assert len(after) <= (1 if json_result or hinted else 0), after
         hints = {}
         if after:
             assert after[0].startswith(a4sx_mcp.HINT_PREFIX), after
@@ -4104,8 +4106,10 @@ class InjectionRun:
             assert len(headings) == structured["turns_included"]
         for start, stop in zip(headings, headings[1:] + [len(inside)]):
             assert len("\n".join(inside[start + 1:stop])) <= 16000 + 80
-        assert len(text) <= max_tokens * 4 and structured["context"] == text
-        assert structured["approx_tokens"] == len(text) // 4
+        hint = "\n" + a4sx_mcp.HINT_PREFIX + json.dumps({"next": structured["next"]}) if "next" in structured else ""
+        assert structured.get("next", a4sx_mcp.RESUME_NEXT) == a4sx_mcp.RESUME_NEXT  # a fixed text, if any
+        assert len(text) <= max_tokens * 4 and structured["context"] + hint == text
+        assert structured["approx_tokens"] == len(structured["context"]) // 4
         assert structured["status"] == "ok"
         return structured
 
@@ -8788,7 +8792,9 @@ def test_every_input_property_is_described_briefly():
     # + 119: publish_local_session's images property (issue 24: the user may save a session without
     # its images), a deliberate growth of exactly its compact JSON; + 91: its preview property, and + 131
     # in the output schemas: a save's visibility as answered, joined, the preview status (issue 28)
-    assert sizes["2024-11-05"] < 7500 + 119 + 91 and sizes[MODERN] < 12500 + 119 + 91 + 131
+    # + 937 and + 1764 (with its output schema): list_local_sessions, the local session list, and + 25: fetch's
+    # output schema names its next step, the resume hint (issue 34)
+    assert sizes["2024-11-05"] < 7500 + 119 + 91 + 937 and sizes[MODERN] < 12500 + 119 + 91 + 131 + 1764 + 25
 
 
 def _interop_library(srv, stub):
