@@ -630,6 +630,7 @@ GOOD_ARGS = {
     "fetch_session_context": [{"id": "s-1"}, {"id": "s-1", "include_tool_calls": True, "max_tokens": 500}],
     "publish_session": [{"transcript": FUZZ_TRANSCRIPT}, {"transcript": "{}"}],
     "publish_local_session": [{}, {"session": "fuzz-missing"}],  # no session files in the test's HOME
+    "list_local_sessions": [{}, {"query": "fuzz"}, {"limit": 1, "offset": 3}],
 }
 FUZZ_METHODS = ["ping", "tools/list", "tools/call", "tools/call", "tools/call", "tools/call", "server/discover",
                 "initialize", "resources/list", "prompts/list", "logging/setLevel", "completion/complete",
@@ -3204,7 +3205,9 @@ def test_connections_the_server_closed_while_idle_are_replaced(spawn, env):
         assert not proc.tool("search_sessions", {"scope": "library"})[2]
         time.sleep(0.7)
         assert not proc.tool("acquire_session", {"id": "l-1"})[2]  # a POST without a key: a live connection
-        assert srv.connections == 2 and len(srv.requests()) == 2
+        # (then its listing, for the resume hint, on that same live connection)
+        assert srv.connections == 2 and [r["route"] for r in srv.requests()] == [
+            "GET /library/sessions", "POST /library/acquire", "GET /memory/discover/item"]
     finally:
         srv.stop()
 
@@ -4780,7 +4783,7 @@ def test_a_page_with_more_rows_ends_with_the_server_hint_line(mcp, stub, token):
     text, structured = result["content"][0]["text"], result["structuredContent"]
     _, inside, _, after = envelope_parts(text)
     assert "next" not in json.loads(inside[0]) and "next" not in json.loads(structured["data"].split("\n")[1])
-    assert after == [a4sx_mcp.HINT_PREFIX + json.dumps({"next": a4sx_mcp.ACQUIRED_NEXT})]
+    assert after == [a4sx_mcp.HINT_PREFIX + json.dumps({"next": a4sx_mcp.ACQUIRED_RESUME_NEXT})]  # Claude Code
 
 
 def test_an_error_result_names_its_code_in_the_text_and_the_log(spawn, stub, env):
@@ -6409,7 +6412,7 @@ def test_local_session_cancel_mid_scrub_sends_nothing_and_progress_keeps_coming(
     assert os.listdir(str(temp)) == [] and len(children_of(pid)) == 2
     proc.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 77}})
     listed = proc.request("tools/list")
-    assert [t["name"] for t in listed["result"]["tools"]][-1] == "publish_local_session"
+    assert [t["name"] for t in listed["result"]["tools"]] == TOOL_NAMES
     time.sleep(1.0)
     assert not [m for m in proc.notes if m.get("id") == 77], proc.notes
     assert stub.pushes == [] and stub.requests() == []
@@ -7300,7 +7303,7 @@ def _first_session_id(path):
     return None
 
 
-def testdata_layout(env, tmp_path, case):
+def layout_of_testdata(env, tmp_path, case):
     """``(extra_env, {id: expected row facts})`` for every layout of testdata/ as the CLI left it: a
     projects folder (subagents, continued files), one Claude Code file (named by its records' session id,
     a continued file by a new one) or a Codex rollout (this project: its session_meta's cwd)."""
@@ -7339,7 +7342,7 @@ def test_list_local_sessions_on_every_real_layout(spawn, env, tmp_path, case):
     subagents' files folded in (counted, their bytes in its size, their text searched), a continued
     file naming the session it carries on; the first prompt is the user's own first words, and a query
     of a phrase from it (in another case) finds the session. No path in any row."""
-    extra, expected = testdata_layout(env, tmp_path, case)
+    extra, expected = layout_of_testdata(env, tmp_path, case)
     proc = spawn(extra_env=extra)
     listed, text, is_error = local_list(proc)
     assert not is_error and listed["scope"] == "local" and listed["total"] == len(expected), listed
