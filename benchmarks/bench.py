@@ -8,6 +8,7 @@ an in-process ``stub_server.Stub``, started exactly as an MCP client starts it.
     python3 benchmarks/bench.py --net --server /tmp/old/a4sx_mcp.py   # the same for another copy
     python3 benchmarks/bench.py --local   # only publish_local_session: real-shaped 32 and 128 MiB sessions (~30 min)
     python3 benchmarks/bench.py --lines   # only the server's peak on a session of one big hostile-shaped line
+    python3 benchmarks/bench.py --sessions  # only list_local_sessions: a 256 MiB folder beside grep -Fic
 
 Both runs end with the realistic-network mode (--quick: RTT 0 and 40 ms only): the stub behind TLS
 with a throwaway trustme CA, the system CA bundle plus that CA in SSL_CERT_FILE, and a loopback proxy
@@ -787,6 +788,81 @@ def local_measure(sizes, workers=None):
     return rows
 
 
+# --- list_local_sessions: a query over a project's sessions beside grep -Fic over the same files ------
+
+SESSIONS_BYTES = 256 * MiB  # the folder the issue names (200 sessions of real-shaped records)
+SESSIONS_COUNT = 200
+SESSIONS_RATIO = 3.0  # a query's wall time over `grep -Fic` of the same phrase over the same files, same run
+SESSIONS_PHRASE = "Fixed The LOGIN \"redirect\" loop"  # written only JSON-escaped, in 3 sessions of 200
+SESSIONS_REPS = 3
+
+
+def sessions_folder(home, rng):
+    """SESSIONS_COUNT sessions of SESSIONS_BYTES in all (``local_session``'s real-shaped records), 3 of
+    them holding SESSIONS_PHRASE in an assistant's text (so a query reads every file to its end)."""
+    paths = []
+    for index in range(SESSIONS_COUNT):
+        sid, path = local_session(home, SESSIONS_BYTES // SESSIONS_COUNT, rng)
+        if index in (7, 90, 180):
+            with open(path, "ab") as f:
+                f.write(json.dumps(claude_record("assistant", "so: %s, at last" % SESSIONS_PHRASE, session_id=sid))
+                        .encode() + b"\n")
+        os.utime(path, (time.time() - 10000 + index, time.time() - 10000 + index))
+        paths.append(path)
+    return paths
+
+
+def sessions_measure():
+    """The query's wall time (every page, over MCP) beside `grep -Fic` on the JSON-escaped phrase over the
+    same files (grep needs the file's spelling, the query the user's), interleaved; and a listing."""
+    rng = random.Random(20261206)
+    stub, token, cfg = signed_in_stub(rng)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("A4SX_", "CLAUDE_", "CODEX_"))}
+    env.update(A4SX_CONFIG_DIR=cfg, HOME=cfg, A4SX_MCP_PER_MIN="0", CLAUDE_PROJECT_DIR="/bench/project")
+    s = collections.defaultdict(list)
+    try:
+        paths = sessions_folder(cfg, rng)
+        size = sum(os.path.getsize(p) for p in paths)
+        escaped = json.dumps(SESSIONS_PHRASE)[1:-1]  # as the file spells it: \" for each quote
+        srv = Server(env, stub.base)
+        atexit.register(srv.proc.kill)
+        srv.handshake()
+        for rep in range(SESSIONS_REPS):
+            started = time.perf_counter()
+            out = subprocess.run(["grep", "-Fic", escaped] + paths, capture_output=True, text=True)
+            s["grep"].append(time.perf_counter() - started)
+            hits = sum(1 for line in out.stdout.splitlines() if not line.endswith(":0"))
+            found, offset, started, peak = [], 0, time.perf_counter(), 0
+            while offset is not None:
+                _, result = srv.call("list_local_sessions", {"query": SESSIONS_PHRASE.lower(), "offset": offset})
+                body = json.loads(result["structuredContent"]["data"].split("\n")[1])
+                found += [row["id"] for row in body["items"]]
+                offset = result["structuredContent"].get("next_offset")
+            s["query"].append(time.perf_counter() - started)
+            s["ratio"].append(s["query"][-1] / s["grep"][-1])
+            s["same"].append(len(found) == hits == 3)
+            seconds, _ = srv.call("list_local_sessions", {"limit": 50})
+            s["list"].append(seconds)
+            print("  %.0f MiB in %d files: grep -Fic %.2f s (%d files hold it), query %.2f s (%d sessions found), "
+                  "%.2fx; a 50-row listing %.3f s; load %.1f" % (size / MiB, len(paths), s["grep"][-1], hits,
+                                                                  s["query"][-1], len(found), s["ratio"][-1],
+                                                                  seconds, os.getloadavg()[0]), flush=True)
+        s["memory"].append(proc_status(srv.pid, "VmHWM") or 0)
+        srv.close()
+    finally:
+        stub.stop()
+    per_gib = statistics.median(s["query"]) * 1024 * MiB / size
+    return [
+        Row("grep -Fic, %d MiB, %d files (floor)" % (size // MiB, len(paths)), s["grep"], "s", note="same files"),
+        Row("list_local_sessions query, every page", s["query"], "s", note="over MCP, case-insensitive, escapes read"),
+        Row("  query / grep (same run)", s["ratio"], "x", SESSIONS_RATIO, "<= %.1fx" % SESSIONS_RATIO, 0.10),
+        Row("  2 GiB by extrapolation (linear in bytes)", [per_gib * 2], "s", note="each file read once"),
+        Row("  sessions found = files grep counts", [0.0 if all(s["same"]) else 1.0], "x", 0.0, "same", 0.0),
+        Row("list_local_sessions listing, 50 rows", s["list"], "s", note="heads and stats only"),
+        Row("  server peak RSS", s["memory"], "MiB", note="VmHWM; pieces of 1 MiB, no file held whole"),
+    ]
+
+
 # --- one big line: the server's peak while it checks a session with a hostile-shaped line ----------
 
 LINE_BYTES = 60 * MiB  # publish_local_session's file (its cap is 64 MiB); both modes: ~15 s in all
@@ -1085,10 +1161,19 @@ def main():
                     help="--local: the session sizes in MiB (default 32,128)")
     ap.add_argument("--workers", type=int, help="--local: A4SX_MCP_SCRUB_WORKERS (default: the server's, the CPUs "
                                                 "up to 4)")
+    ap.add_argument("--sessions", action="store_true", help="only list_local_sessions: a query over a 256 MiB "
+                                                             "folder of 200 sessions beside grep -Fic (~2 min)")
     ap.add_argument("--lines", action="store_true", help="only the server's peak RSS on a session of one 60 MiB "
                                                           "[{},...] line and one ASCII line with an emoji (~15 s)")
     opts = ap.parse_args()
     mode, began = MODES["quick" if opts.quick else "full"], time.perf_counter()
+    if opts.sessions:
+        print("a4sx-mcp benchmark, list_local_sessions only: %d CPUs, python %s, load average %.1f at start" % (
+            os.cpu_count(), sys.version.split()[0], os.getloadavg()[0]), flush=True)
+        rows = sessions_measure()
+        print_table(rows, MODES["full"])
+        print("total time: %.0f s" % (time.perf_counter() - began))
+        return 1 if any(r.status() == "FAIL" for r in rows) else 0
     if opts.lines:
         rows = line_measure(random.Random(opts.seed))
         print_table(rows, MODES["full"])
