@@ -7662,6 +7662,23 @@ def test_list_local_sessions_frames_every_text_and_shows_no_path(spawn, stub, en
     assert stub.requests() == []  # it reads local files only
 
 
+def test_list_local_sessions_marks_the_conversation_it_was_called_from(spawn, env):
+    """The session whose file already holds this call (Claude Code's ``claudecode/toolUseId``, Codex's
+    turn metadata) is marked ``this_conversation``: it holds the user's words and the query too, so a
+    search finds it beside the session meant. No other row is marked; an unknown call marks none."""
+    use = new_tool_use_id()
+    words = "the session where I fixed the login bug"
+    here, _ = claude_session(env, [claude_record("user", "save " + words), calling_turn(use)])
+    there, _ = claude_session(env, [claude_record("user", "now " + words)])
+    proc = spawn()
+    for meta, marked in (({"claudecode/toolUseId": use}, {here}), ({"claudecode/toolUseId": new_tool_use_id()}, set()),
+                         ({"x-codex-turn-metadata": {"session_id": there}}, {there}), (None, set())):
+        response = proc.call("list_local_sessions", {"query": "fixed the login bug"}, meta=meta)
+        found = unframe(response["result"]["structuredContent"], response["result"]["isError"])
+        assert {row["id"] for row in found["items"]} == {here, there}
+        assert {row["id"] for row in found["items"] if row["this_conversation"]} == marked, meta
+
+
 def test_list_local_sessions_finds_a_phrase_only_json_escapes_spell(spawn, env):
     """A phrase found as the user typed it though the file spells it with \\" and \\n, with \\uXXXX for
     a non-ASCII letter (in either case) or a whole word, and case-insensitively; each file read once."""
