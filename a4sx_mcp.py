@@ -4309,6 +4309,7 @@ def tool_search_sessions(ctx, args):
                   "next_offset": next_offset if isinstance(next_offset, int) and not isinstance(next_offset, bool)
                   and next_offset >= 0 else None,
                   "items": [public_row(ctx.settings, item) for item in items]}
+        saw_harness(ctx, result["items"])
         untrusted = True  # marketplace listings are other authors' words: the CAUTION applies
     return json_result(result, untrusted, rows="items", offset=offset)
 
@@ -4331,6 +4332,7 @@ def tool_get_session_summary(ctx, args):
     if not isinstance(item, dict):
         raise ToolError("not_found", say("No marketplace listing with that id."))
     result = public_row(ctx.settings, item)
+    saw_harness(ctx, [result])
     members = [m for m in _list(item.get("members")) if isinstance(m, dict)][:20]
     depth, stats = item.get("sf_depth"), item.get("stats")
     result.update({
@@ -4358,7 +4360,8 @@ def tool_acquire_session(ctx, args):
                                 ok=None)
     code, details = api_error_fields(body)
     if status in (200, 201) and isinstance(body, dict) and body.get("collection"):
-        hint = ACQUIRED_RESUME_NEXT if listed_harness(ctx, sid, tenant) == "claude-code" else ACQUIRED_NEXT
+        resumes = ctx.server.harness_seen.get(sid) == "claude-code"  # shown by a search or summary first
+        hint = ACQUIRED_RESUME_NEXT if resumes else ACQUIRED_NEXT
         result = {"status": "acquired", "library_id": _str(body["collection"]), "version": body.get("version"),
                   "acquired_from": body.get("acquired_from"), "visibility": "private", "next": hint}
         return json_result(result, True, "acquired", hint_next=hint)
@@ -4391,15 +4394,19 @@ def tool_acquire_session(ctx, args):
     raise api_failure(ctx.settings, status, body)
 
 
-def listed_harness(ctx, sid, tenant):
-    """The harness id of the public listing just acquired (anonymous, as the 402 path asks it), or None
-    when it cannot be told: the resume hint is named only for a Claude Code session."""
-    try:
-        status, body = ctx.send("listing", {"id": sid, "t": tenant})
-    except NetworkError:
-        return None
-    item = body.get("item") if status == 200 and isinstance(body, dict) else None
-    return harness_of(item.get("harness"))["id"] if isinstance(item, dict) else None
+HARNESS_SEEN_KEPT = 1024
+
+
+def saw_harness(ctx, rows):
+    """Remembers each shown marketplace row's harness (search results, a summary), so the acquire
+    that follows can name ``a4sx resume`` for a Claude Code session without another round trip; an
+    id listed with two harnesses is remembered as unknown."""
+    seen = ctx.server.harness_seen
+    for row in rows:
+        sid, harness = row.get("id"), row["harness"]["id"]
+        seen[sid] = harness if seen.get(sid, harness) == harness else "unknown"
+    while len(seen) > HARNESS_SEEN_KEPT:
+        seen.pop(next(iter(seen)))
 
 
 # --- fetch_session_context ----------------------------------------------------------------------
@@ -5854,6 +5861,7 @@ class Server:
         self.library_cache = LibraryCache()
         self.saves = Saves(self)
         self.previews = Previews()
+        self.harness_seen = {}  # listing id -> harness id, from the listings this process showed
 
     # --- messages ---------------------------------------------------------------------------
 

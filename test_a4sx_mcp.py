@@ -8509,6 +8509,7 @@ def test_library_summary_signed_out(mcp, stub):
 
 def test_acquire_free_listing(mcp, stub, token):
     stub.listings["free-1"] = listing("free-1")
+    mcp.tool("get_session_summary", {"source": "marketplace", "id": "free-1", "tenant": "acme"})  # (shows its harness)
     structured, text, is_error = mcp.tool("acquire_session", {"id": "free-1", "tenant": "acme"})
     assert not is_error and structured["status"] == "acquired" and structured["visibility"] == "private"
     assert structured["library_id"].startswith("lib-") and structured["acquired_from"]["id"] == "free-1"
@@ -8525,18 +8526,24 @@ def test_acquire_free_listing(mcp, stub, token):
     assert request["headers"]["authorization"] == "Bearer " + token
 
 
-@pytest.mark.parametrize("harness, lookup", [("codex-cli", 200), ("grok-build", 200), ("unknown", 200),
-                                             ("claude-code", 500), ("claude-code", 404)])
-def test_acquire_names_resume_only_for_a_claude_code_session(mcp, stub, token, harness, lookup):
-    """Codex and the other harnesses cannot resume, and a harness that cannot be told gets no resume hint."""
+@pytest.mark.parametrize("harness, shown", [("codex-cli", "summary"), ("grok-build", "search"), ("unknown", "summary"),
+                                            ("claude-code", None), ("claude-code", "search")])
+def test_acquire_names_resume_only_for_a_claude_code_session(mcp, stub, token, harness, shown):
+    """The resume hint after an acquire is named only for a listing this process showed as a Claude
+    Code session (a search or a summary before it): Codex and the other harnesses cannot resume, and a
+    harness it did not see is not told. The acquire itself is one request: no lookup after it."""
     stub.listings["one"] = listing("one", harness={"id": harness, "version": "1.0.0"})
-    if lookup != 200:
-        stub.queue("GET /memory/discover/item", lookup, {"error": {"code": "boom"}})
+    if shown == "summary":
+        mcp.tool("get_session_summary", {"source": "marketplace", "id": "one"})
+    elif shown == "search":
+        mcp.tool("search_sessions", {"query": ""})
+    before = len(stub.requests())
     structured, text, is_error = mcp.tool("acquire_session", {"id": "one"})
     assert not is_error and structured["status"] == "acquired"
-    assert structured["next"] == a4sx_mcp.ACQUIRED_NEXT and "resume" not in text.rsplit("\n", 1)[1], text[-300:]
-    assert [r["route"] for r in stub.requests()] == ["POST /library/acquire", "GET /memory/discover/item"]
-    assert "authorization" not in stub.requests("GET /memory/discover/item")[-1]["headers"]  # asked anonymously
+    resumes = harness == "claude-code" and shown is not None
+    assert structured["next"] == (a4sx_mcp.ACQUIRED_RESUME_NEXT if resumes else a4sx_mcp.ACQUIRED_NEXT)
+    assert ("a4sx resume" in text.rsplit("\n", 1)[1]) == resumes, text[-300:]
+    assert [r["route"] for r in stub.requests()[before:]] == ["POST /library/acquire"]
 
 
 def test_acquire_paid_listing_returns_payment_required_and_never_buys(mcp, stub, token):
