@@ -6556,6 +6556,13 @@ It speaks MCP on stdin/stdout until stdin closes; start it from an MCP client.
 """
 
 
+def help_text():
+    """``--help``: the usage, then every setting this file reads (``ENVIRONMENT``, the one list)."""
+    width = max(len(name) for name, _ in ENVIRONMENT)
+    rows = ["  %-*s  %s" % (width, name, what) for name, what in ENVIRONMENT]
+    return USAGE + "\nSettings, read from the environment (the MCP client's env block):\n" + "\n".join(rows) + "\n"
+
+
 def parse_args(argv):
     options = {"base": None, "check": False, "version": False, "help": False, "scrub_worker": False}
     args = list(argv)
@@ -6584,7 +6591,7 @@ def main(argv=None):
     if options["scrub_worker"]:
         return scrub_worker_main()
     if options["help"]:
-        sys.stdout.write(USAGE)
+        sys.stdout.write(help_text())
         return 0
     if options["version"] or options["check"]:  # they print paths, which may hold characters stdout's
         try:  # encoding lacks (on Windows a pipe's is the console code page): escaped, never a traceback

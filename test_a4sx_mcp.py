@@ -11166,6 +11166,14 @@ def test_quickstart_starts_this_version_for_every_client():
     assert "python3 stub_server.py --demo" in quickstart.split("Sign in")[0]  # the demo comes first
 
 
+def test_help_lists_every_setting():
+    """``--help`` names every variable this file reads (``ENVIRONMENT``), each with what it does."""
+    done = subprocess.run([sys.executable, SERVER, "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.startswith(a4sx_mcp.USAGE)
+    listed = dict(re.findall(r"^  ([A-Z][A-Z0-9_]+)  +(.+)$", done.stdout, re.M))
+    assert listed == {name: what for name, what in a4sx_mcp.ENVIRONMENT}
+
+
 def test_readme_snippets_parse_and_name_real_flags_and_variables():
     for block in readme_blocks("json"):
         config = json.loads(block)
