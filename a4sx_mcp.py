@@ -156,6 +156,8 @@ LAZY_IMPORTS = {
     "tempfile": "a save's private folder for its scrubbed upload (``ScrubbedUpload``)",
     "ctypes": "glibc's malloc_trim after the first answer and a multi-megabyte call (performance section)",
     "importlib.util": "whether the a4sx SDK is installed (without importing it)",
+    "fcntl": "POSIX: the lock that makes a records file's read-modify-write one at a time (``RecordsLock``)",
+    "msvcrt": "Windows: the same lock (``RecordsLock``)",
     "importlib.metadata": "the a4sx SDK's version, for --check (~40 ms)",
     "a4sx.config": "the SDK's paths, origin rule and private-file writer for its taint records",
     "a4sx.transcript": "the SDK's session id rule for a transcript",
@@ -3284,7 +3286,85 @@ def transcript_session_id(data, room=None):
 # does: ``lineage/<session id>.json`` and ``untrusted.json``, ``{origin: [collection ids]}``) with
 # its own paths, origin rule and private-file writer from ``a4sx.config``: ``a4sx.sdk`` would import
 # the scrub rules, which these records do not need.
-_records_lock = threading.Lock()
+_records_lock = threading.Lock()  # this process's threads; ``RecordsLock`` adds every other process's
+RECORDS_LOCK_WAIT_S = 10  # a read-modify-write takes milliseconds: a lock held longer is a stuck process
+
+
+class RecordsError(Exception):
+    """A records file that cannot be read, locked or written: ``path`` and ``why`` (Words)."""
+
+    def __init__(self, path, why):
+        super().__init__(why)
+        self.path, self.why = path, why
+
+
+def records_error(err, sent=False):
+    """The ToolError of a ``RecordsError``: which file, why, and whether anything was sent."""
+    return ToolError("records_unwritable", say("Could not write %s: %s. %s", local_line(err.path), err.why,
+                                               say("The save itself went through.") if sent
+                                               else say("Nothing was sent.")))
+
+
+def _os_reason(err):
+    return local_line(err.strerror or type(err).__name__, 120)
+
+
+class RecordsLock:
+    """``with RecordsLock(name):`` one read-modify-write of the records file ``name`` at a time, for
+    every thread and every server process of this user: an exclusive OS lock on ``<name>.lock`` beside
+    it (POSIX ``flock``, Windows ``msvcrt.locking``), which the OS drops when the process ends however
+    it ends (a kill too), so no stale lock is ever left. Waits at most RECORDS_LOCK_WAIT_S, then raises
+    ``RecordsError`` naming the lock file."""
+
+    def __init__(self, name):
+        self.path = os.path.join(sdk_module("config").config_dir(), name + ".lock")
+        self.fd = None
+
+    def __enter__(self):
+        _records_lock.acquire()
+        try:
+            self.fd = self._take()
+        except BaseException:
+            _records_lock.release()
+            raise
+        return self
+
+    def _take(self):
+        try:
+            os.makedirs(os.path.dirname(self.path), 0o700, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        except OSError as err:
+            raise RecordsError(self.path, say("its lock file cannot be opened (%s)", _os_reason(err))) from None
+        deadline = time.monotonic() + RECORDS_LOCK_WAIT_S
+        while True:
+            try:
+                if os.name == "nt":
+                    msvcrt = lazy("msvcrt")
+                    msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+                else:
+                    fcntl = lazy("fcntl")
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except OSError as err:
+                busy = os.name == "nt" or isinstance(err, BlockingIOError)
+                if not busy or time.monotonic() > deadline:
+                    os.close(fd)
+                    raise RecordsError(self.path, say("another a4sx-mcp process held its lock for %d s", RECORDS_LOCK_WAIT_S)
+                                       if busy else say("its lock file cannot be locked (%s)", _os_reason(err))) from None
+            time.sleep(0.01)
+
+    def __exit__(self, *exc):
+        try:
+            if os.name == "nt":
+                msvcrt = lazy("msvcrt")
+                msvcrt.locking(self.fd, msvcrt.LK_UNLCK, 1)
+            else:
+                fcntl = lazy("fcntl")
+                fcntl.flock(self.fd, fcntl.LOCK_UN)
+        finally:
+            os.close(self.fd)  # (closing drops the lock too)
+            self.fd = None
+            _records_lock.release()
 
 
 def _record_name(session_id):
@@ -3300,21 +3380,43 @@ def read_lineage(session_id):
     return data if isinstance(data, dict) else None
 
 
-def _record_file(name):
-    """A records file of the SDK's config dir: ``{}`` when absent, None when it is there but is no
-    JSON object (it is then never overwritten: a write would lose the records it holds)."""
-    path = os.path.join(sdk_module("config").config_dir(), name)
+def _record_file(name, folder=None):
+    """A records file of the SDK's config dir (or ``folder``): ``{}`` when absent, None when it is there
+    but is no JSON object (it is then never overwritten: a write would lose the records it holds)."""
+    path = os.path.join(folder or sdk_module("config").config_dir(), name)
     if not os.path.lexists(path):
         return {}
     data = _read_json(path)
     return data if isinstance(data, dict) else None
 
 
+def damaged_record_file(name, folder=None):
+    """Why a records file that is there cannot be used (Words), or None: it is then never overwritten
+    and no save uploads (its write-ahead could not be recorded): ``records_error``, ``--check``."""
+    if _record_file(name, folder) is None:
+        return say("it is there but is not a JSON object that can be read (cut short by an edit?); it is never "
+                   "overwritten: fix it, or move it away to start a new one")
+    return None
+
+
 def _writable_record_file(name):
+    """The records file ``name`` to change (under its ``RecordsLock``), or ``RecordsError``."""
+    path = os.path.join(sdk_module("config").config_dir(), name)
     data = _record_file(name)
     if data is None:
-        raise OSError("%s is not a JSON object: not overwritten" % name)
+        raise RecordsError(path, damaged_record_file(name) or say("it changed while it was read"))
     return data
+
+
+def _write_record_file(name, data, **dump):
+    """The records file ``name``, written whole (the SDK's ``write_private``: a temporary file renamed
+    into place, 0600), or ``RecordsError``."""
+    config = sdk_module("config")
+    path = os.path.join(config.config_dir(), name)
+    try:
+        config.write_private(path, json.dumps(data, indent=2, **dump) + "\n")
+    except OSError as err:
+        raise RecordsError(path, say("it cannot be written (%s)", _os_reason(err))) from None
 
 
 def marked_untrusted(base):
@@ -3324,16 +3426,16 @@ def marked_untrusted(base):
 
 
 def mark_untrusted(base, collection):
+    """Adds ``collection`` to the SDK's untrusted registry (under its ``RecordsLock``)."""
     config = sdk_module("config")
-    with _records_lock:  # (one process; the SDK and other servers write it without this lock)
+    with RecordsLock("untrusted.json"):  # (the SDK itself writes it without this lock)
         registry = _writable_record_file("untrusted.json")
         origin = config.normalize_base_url(base)
         ids = registry.get(origin)
         ids = [cid for cid in ids if isinstance(cid, str)] if isinstance(ids, list) else []
         if collection not in ids:
             registry[origin] = ids + [collection]
-            config.write_private(os.path.join(config.config_dir(), "untrusted.json"),
-                                 json.dumps(registry, indent=2) + "\n")
+            _write_record_file("untrusted.json", registry)
 
 
 # Where each local session was saved (this file's own record, beside the SDK's, written the same way).
@@ -3360,9 +3462,11 @@ def ended_save(base, save_id):
 
 def record_saved(base, key, collection):
     """Remembers where a local session was saved, so saving it again adds a version there (and, under
-    ``ended:<save_id>``, what became of a save: ``Saves.record``; those older than ENDED_KEEP_S go)."""
+    ``ended:<save_id>``, what became of a save: ``Saves.record``; those older than ENDED_KEEP_S go).
+    One read-modify-write under the ``RecordsLock``: no other server's record is lost. ``RecordsError``
+    when it cannot be written."""
     config = sdk_module("config")
-    with _records_lock:
+    with RecordsLock(SAVED_SESSIONS_FILE):
         entries = _writable_record_file(SAVED_SESSIONS_FILE)
         origin = config.normalize_base_url(base)
         mine = entries.get(origin) if isinstance(entries.get(origin), dict) else {}
@@ -3371,8 +3475,7 @@ def record_saved(base, key, collection):
             mine = {k: v for k, v in mine.items() if not (k.startswith("ended:") and str(
                 v.get("at") if isinstance(v, dict) else "") < old)}
             entries[origin] = dict(mine, **{key: collection})
-            config.write_private(os.path.join(config.config_dir(), SAVED_SESSIONS_FILE),
-                                 json.dumps(entries, indent=2, sort_keys=True) + "\n")
+            _write_record_file(SAVED_SESSIONS_FILE, entries, sort_keys=True)
 
 
 # =============================================================================================
@@ -4687,16 +4790,24 @@ class Saves:
             if save.cancel.is_set():
                 raise Cancelled()
             if not save.sent:
+                self.record(save, "may_be_stored", ahead=True)  # no record, no upload: it raises
                 save.sent = True
-                self.record(save, "may_be_stored")
 
-    def record(self, save, outcome):
-        """``saved-sessions.json``'s ``ended:<save_id>``: what became of ``save``, for a later server."""
+    def record(self, save, outcome, ahead=False):
+        """``saved-sessions.json``'s ``ended:<save_id>``: what became of ``save``, for a later server.
+        The write-ahead (``ahead``) that cannot be written stops the save before anything is sent
+        (``records_error``); a later outcome that cannot is logged (the result says what happened)."""
         try:
             record_saved(self.server.settings.base, "ended:" + save.id, dict(save.upload, **{
                 "outcome": outcome, "session": save.key or "", "at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                                     time.gmtime())}))
-        except Exception:  # noqa: BLE001 - the save goes on; the result still says what happened
+        except RecordsError as err:
+            if ahead:
+                raise records_error(err) from None
+            log("warning", "could not record what became of a save")
+        except SdkMissing:
+            if ahead:
+                raise sdk_missing() from None
             log("warning", "could not record what became of a save")
 
     def result_of(self, save):
@@ -5949,6 +6060,10 @@ def run_check(settings):
                % (per_min(settings.per_min), per_min(settings.acquire_per_min), per_min(settings.publish_per_min),
                   settings.max_publish_bytes))
     out.append("config dir: %s" % settings.config_dir)
+    for name in ("untrusted.json", SAVED_SESSIONS_FILE):  # a damaged one stops every save before its upload
+        damaged = damaged_record_file(name, settings.config_dir)
+        if damaged:
+            fixes.append("%s: %s" % (os.path.join(settings.config_dir, name), damaged))
     sessions = local_sessions(settings.session_roots)
     for harness, name in (("claude-code", "Claude Code"), ("codex-cli", "Codex CLI")):
         out.append("sessions:   %s: %d session files in %s (read only by publish_local_session)" % (

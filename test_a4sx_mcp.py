@@ -1594,7 +1594,7 @@ REVIEW_SEARCHES = {
          {"_glibc", "sdk_available"})],
     2: [(r"os\.environ\b|os\.environb|getenv|expandvars", {"environment", "ScrubWorker._start"}),
         (r"\bopen\(|fdopen\(|scandir|listdir", {"_read_json", "read_private", "_entries", "open_below", "_opened",
-                                                "file_digest_line", "trusts_nothing"}),
+                                                "file_digest_line", "trusts_nothing", "RecordsLock._take"}),
         (r"_read_json\(", {"_read_json", "_read_config", "read_lineage", "_record_file"})],
     3: [(r"\.base\b[^=(]*= ", {"Settings.__init__", "Api.__init__"}),
         (r"find_token\(|Authorization", {"Settings.find_token", "Api.send", "ToolContext.token", "sign_in_status"}),
@@ -1616,8 +1616,8 @@ REVIEW_SEARCHES = {
     9: [(r'lazy\("subprocess"\)|write_private|fchmod|os\.(system|popen|fork|exec\w*|spawn\w*|replace|rename|remove|'
          r'unlink|mkdir|makedirs|rmdir|truncate|chmod|chown|symlink|link|utime)\b|O_CREAT|O_WRONLY|O_RDWR|shutil|tempfile|'
          r'write_text|write_bytes|libc\.',
-         {"<module>", "ScrubWorker._start", "ScrubbedUpload.__init__", "ScrubbedUpload._remove_folder", "mark_untrusted",
-          "record_saved", "read_private", "_glibc", "release_memory"})],
+         {"<module>", "ScrubWorker._start", "ScrubbedUpload.__init__", "ScrubbedUpload._remove_folder", "RecordsLock._take",
+          "_write_record_file", "read_private", "_glibc", "release_memory"})],
     10: [(r'Route\("', {"<module>"}), (r'"acquire"', {"<module>", "tool_acquire_session"})],
     12: [(r"file_digest_line\(", {"file_digest_line", "main"})],
     11: [(r"sys\.(__)?stdout|print\(|os\.write\(", {"scrub_worker_main", "serve", "run_check", "main"}),
@@ -1642,6 +1642,7 @@ REVIEW_SEARCHES = {
          (r"local_line\(|echoed_name\(", {"echoed_name", "local_line", "_trust_problem", "read_private", "_read_json",
                                             "Settings.login_hint", "Settings.__init__", "_network_reason", "network_error",
                                             "not_signed_in", "read_session", "validate", "sdk_missing", "push_with_retries",
+                                            "records_error", "_os_reason",
                                             "read_resource", "_prompt_args", "complete", "Server.handle_message",
                                             "Server.handle_request", "Server.handle_modern", "Server.dispatch"}),
          (r'\bsay\("([^"\\]|\\.)*"\s*[%+.]', set()),
@@ -2286,20 +2287,70 @@ def test_an_unusable_amdx_json_sends_the_session_token_nowhere(env):
 
 
 def test_a_records_file_that_cannot_be_read_is_never_overwritten(spawn, stub, token, env):
-    """Found by the issue 16 review: an untrusted.json (or saved-sessions.json) that is not a JSON
-    object is left as it is (a rewrite would lose its records); the save still answers, untrusted."""
+    """Found by the issue 16 review: an untrusted.json that is not a JSON object is left as it is (a
+    rewrite would lose its records); the save still answers, untrusted, and --check says it loudly."""
     records = env["cfg"] / "untrusted.json"
     records.write_text('{"truncated": ["lib-1", ')
-    sid, _ = claude_session(env, [claude_record("user", "x")])
-    (env["cfg"] / "saved-sessions.json").write_text("[]")
     proc = spawn()
     saved, _, is_error = proc.tool("publish_session", {"transcript": (TESTDATA / "claude-code-2.1.332-tainted.jsonl")
                                                        .read_text()})
     assert not is_error and saved["untrusted"] is True, saved
     assert records.read_text() == '{"truncated": ["lib-1", '
-    saved, _, is_error = local_save(proc, {"session": sid})
-    assert not is_error and saved["saved_as"] == "new_entry", saved
-    assert (env["cfg"] / "saved-sessions.json").read_text() == "[]"
+    check = subprocess.run([sys.executable, SERVER, "--check", "--base", stub.base], capture_output=True, text=True,
+                           timeout=60)
+    assert check.returncode == 1 and "to fix: %s: it is there but is not a JSON object" % records in check.stdout
+
+
+@pytest.mark.parametrize("tool", ["publish_session", "publish_local_session"])
+@pytest.mark.parametrize("damage", ["not_an_object", "cut_short", "lock_unopenable"])
+def test_no_upload_without_its_write_ahead_record(spawn, stub, token, env, tool, damage):
+    """Issue 33: when saved-sessions.json cannot take the save's write-ahead record (there but not a
+    JSON object, or its lock file cannot be opened), the save stops before its upload with an error
+    naming the file and why, nothing is sent, and the file is left as it was; both save tools."""
+    records = env["cfg"] / "saved-sessions.json"
+    if damage == "lock_unopenable":
+        (env["cfg"] / "saved-sessions.json.lock").mkdir()
+        path, why = env["cfg"] / "saved-sessions.json.lock", "its lock file cannot be opened"
+    else:
+        records.write_text("[]" if damage == "not_an_object" else '{"http://x": {"ended:1": ')
+        path, why = records, "it is there but is not a JSON object"
+    before = records.read_bytes() if records.exists() else None
+    sid, _ = claude_session(env, [claude_record("user", "x")])
+    proc = spawn()
+    if tool == "publish_session":
+        failed, text, is_error = proc.tool(tool, {"transcript": (TESTDATA / "claude-code-2.1.332-plain.jsonl").read_text()})
+    else:
+        failed, text, is_error = local_save(proc, {"session": sid})
+    assert is_error and failed["error"] == "records_unwritable", failed
+    assert "Could not write %s: %s" % (path, why) in text and text.endswith("Nothing was sent."), text
+    assert stub.requests("POST /library/push") == []
+    assert (records.read_bytes() if records.exists() else None) == before
+
+
+def test_a_server_killed_holding_the_records_lock_leaves_no_stale_lock(env, monkeypatch):
+    """Issue 33: the records lock is the OS's: another process holding it makes a write wait at most
+    RECORDS_LOCK_WAIT_S, then fail naming the lock file; a holder killed mid-write (kill -9) drops it
+    at once, and the next write goes through."""
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, a4sx_mcp\n"
+                               "with a4sx_mcp.RecordsLock(a4sx_mcp.SAVED_SESSIONS_FILE):\n"
+                               "    print('held', flush=True); sys.stdin.read()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=HERE)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        monkeypatch.setattr(a4sx_mcp, "RECORDS_LOCK_WAIT_S", 0.3)
+        with pytest.raises(a4sx_mcp.RecordsError) as err:
+            a4sx_mcp.record_saved("http://127.0.0.1:1", "claude-code:s", "lib-1")
+        assert err.value.path == str(env["cfg"] / "saved-sessions.json.lock")
+        assert "another a4sx-mcp process held its lock" in err.value.why
+        assert not (env["cfg"] / "saved-sessions.json").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    a4sx_mcp.record_saved("http://127.0.0.1:1", "claude-code:s", "lib-1")
+    with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
+        assert "held the lock for %d s" % a4sx_mcp.RECORDS_LOCK_WAIT_S in " ".join(f.read().split())
+    assert json.loads((env["cfg"] / "saved-sessions.json").read_text()) == {"http://127.0.0.1:1": {
+        "claude-code:s": "lib-1"}}
 
 
 @POSIX_CONFIG_DIR
@@ -7209,6 +7260,39 @@ def test_local_sessions_saved_with_the_same_key_each_get_their_own_entry(spawn, 
     assert again["version"] == "1" and again["saved_as"] == "new_entry"
     keys = [p["headers"]["idempotency-key"] for p in stub.requests("POST /library/push")]
     assert keys[2] == keys[3] and len(set(keys)) == 3
+
+
+def test_two_servers_saving_their_own_sessions_at_once_lose_no_record(spawn, stub, token, env):
+    """Issue 33: two servers of one project and one config folder (two agent windows), each saving its
+    own session 25 times while the other does: every save's ``ended:<save_id>`` record is kept (50),
+    and each session's saves are versions 1 to 25 of one library entry (``RecordsLock``: one
+    read-modify-write of saved-sessions.json at a time across processes)."""
+    sessions = [claude_session(env, [claude_record("user", "session %d" % n)]) for n in range(2)]
+    procs = [spawn(extra_env={"A4SX_MCP_PUBLISH_PER_MIN": "0"}) for _ in sessions]
+    results, both = [[], []], threading.Barrier(2)
+
+    def saves(index):
+        sid, path = sessions[index]
+        both.wait(60)  # both servers start saving together
+        for turn in range(25):
+            with open(path, "ab") as f:
+                f.write(claude_jsonl([claude_record("assistant", "turn %d" % turn, session_id=sid)]))
+            results[index].append(local_save(procs[index], {"session": sid}, timeout=120))
+
+    threads = [threading.Thread(target=saves, args=(index,)) for index in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(600)
+    assert [len(done) for done in results] == [25, 25]
+    for (sid, _), done in zip(sessions, results):
+        assert not any(is_error for _, _, is_error in done), [payload for payload, _, e in done if e][:1]
+        assert len({payload["library_id"] for payload, _, _ in done}) == 1, "one entry per session"
+        assert [payload["version"] for payload, _, _ in done] == [str(n) for n in range(1, 26)]
+    ended = ended_records(env, stub)
+    assert len(ended) == 50 and {record["outcome"] for record in ended.values()} == {"saved"}, len(ended)
+    assert where_saved(env) == {stub.base: {"claude-code:" + sid: done[0][0]["library_id"]
+                                            for (sid, _), done in zip(sessions, results)}}
 
 
 def test_local_session_saved_as_says_what_the_server_did(spawn, stub, token, env):
