@@ -2331,6 +2331,8 @@ def test_a_server_killed_holding_the_records_lock_leaves_no_stale_lock(env, monk
     """Issue 33: the records lock is the OS's: another process holding it makes a write wait at most
     RECORDS_LOCK_WAIT_S, then fail naming the lock file; a holder killed mid-write (kill -9) drops it
     at once, and the next write goes through."""
+    with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
+        assert "held the lock for %d s" % a4sx_mcp.RECORDS_LOCK_WAIT_S in " ".join(f.read().split())
     holder = subprocess.Popen([sys.executable, "-c", "import sys, a4sx_mcp\n"
                                "with a4sx_mcp.RecordsLock(a4sx_mcp.SAVED_SESSIONS_FILE):\n"
                                "    print('held', flush=True); sys.stdin.read()"],
@@ -2347,8 +2349,6 @@ def test_a_server_killed_holding_the_records_lock_leaves_no_stale_lock(env, monk
         holder.kill()
         holder.wait()
     a4sx_mcp.record_saved("http://127.0.0.1:1", "claude-code:s", "lib-1")
-    with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
-        assert "held the lock for %d s" % a4sx_mcp.RECORDS_LOCK_WAIT_S in " ".join(f.read().split())
     assert json.loads((env["cfg"] / "saved-sessions.json").read_text()) == {"http://127.0.0.1:1": {
         "claude-code:s": "lib-1"}}
 
