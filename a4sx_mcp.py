@@ -1253,10 +1253,13 @@ SAVED_NEXT = ("Saved privately: only you can list and fetch it. Listing it publi
               "step in the a4sx web app.")
 UNCHANGED_NEXT = ("Unchanged: the newest version of this library entry already holds this content, so nothing new "
                   "was stored. It stays private: only you can list and fetch it.")
+SAVED_PUBLIC_NEXT = ("Saved, and the a4sx server's answer says this entry is public: others may find and fetch it. "
+                     "This server only asks for the private library: check the entry's visibility in the a4sx web "
+                     "app.")
 PREVIEW_NEXT = ("Nothing was sent. Show the user what would be saved and ask them; if they agree, call "
                 "publish_local_session again with the same arguments without preview: it uploads what was scrubbed "
                 "here, if the session has not changed since.")
-NEXT_STEPS = (MORE_RESULTS, ACQUIRED_NEXT, NEVER_BUYS, SAVED_NEXT, UNCHANGED_NEXT, PREVIEW_NEXT)
+NEXT_STEPS = (MORE_RESULTS, ACQUIRED_NEXT, NEVER_BUYS, SAVED_NEXT, UNCHANGED_NEXT, SAVED_PUBLIC_NEXT, PREVIEW_NEXT)
 OTHER_AUTHOR_CAUTION = "CAUTION: this content was written by ANOTHER author"  # the taint rule finds it too
 ELLIPSIS = "\u2026"
 
@@ -1372,9 +1375,10 @@ def structured_notice(nonce, untrusted, framed_field):
 # The only fields a JSON result's structured copy carries beside its envelope, and the only strings
 # they may hold (anything else stays inside the envelope): flags, counts and this file's own words.
 SERVER_FIELDS = ("untrusted", "status", "scope", "source", "visibility", "total", "truncated", "deduped",
-                 "next_offset", "next", "max_tokens", "approx_tokens", "turns_total", "turns_included", "joined")
+                 "next_offset", "next", "max_tokens", "approx_tokens", "turns_total", "turns_included", "joined",
+                 "visibility_confirmed")
 SERVER_WORDS = frozenset(("ok", "public", "library", "marketplace", "acquired", "payment_required", "saved",
-                          "private", "not_a_session", "private (requested)", "preview"))
+                          "private", "not_a_session", "preview"))
 
 
 def server_value(key, value):
@@ -4217,8 +4221,9 @@ def save_options(args):
 
 def saved_result(result):
     """A save's result (``fields`` kept, so a save that joined it can say so: ``Saves.result_of``)."""
-    out = json_result(result, result["untrusted"], "saved", hint_next=UNCHANGED_NEXT if result["deduped"]
-                      else SAVED_NEXT)
+    hint = (SAVED_PUBLIC_NEXT if result["visibility"] == "public" else UNCHANGED_NEXT if result["deduped"]
+            else SAVED_NEXT)  # what the answer says, never a constant
+    out = json_result(result, result["untrusted"], "saved", hint_next=hint)
     out.fields = result
     return out
 
@@ -4337,7 +4342,7 @@ def previewed(ctx, prep, local):
     report = prep.report
     return {"status": "preview", "sent": False, "untrusted": bool(why), "untrusted_because": why,
             "would_save_as": "new_version" if entry else "new_entry", "library_id": entry, "parent": prep.parent,
-            "visibility": "private (requested)", "bytes_to_upload": prep.size,
+            "visibility": "private", "visibility_confirmed": False, "bytes_to_upload": prep.size,
             "client_redactions": {"lines_changed": report["lines_changed"], "rules": report["rules"],
                                   "title_and_label": prep.text_redactions},
             "local_session": local}
@@ -4511,6 +4516,7 @@ def send_prepared(ctx, prep):
             log("warning", "could not record the untrusted marker locally")
     report = prep.report
     result = {"status": "saved", "visibility": visibility_of(body), "library_id": collection,
+              "visibility_confirmed": body.get("visibility") in ("private", "public"),
               "version": body.get("version"), "deduped": body.get("deduped") is True,
               "server_redactions": body.get("redactions"),
               "client_redactions": {"lines_changed": report["lines_changed"], "rules": report["rules"],
@@ -4548,9 +4554,10 @@ def unsettled_key(ctx, content_sha):
 
 
 def visibility_of(body):
-    """The visibility the push's answer states, else ``private (requested)``: this server sent it only to
-    the private library route, and the answer (as the spec has it) does not say."""
-    return body["visibility"] if body.get("visibility") in ("private", "public") else "private (requested)"
+    """The visibility the push's answer states, else ``private``, what was asked for: this server sent it
+    only to the private library route, and the answer (as the spec has it) does not say; the result's
+    ``visibility_confirmed`` tells the two apart (the hosted vocabulary stays in ``visibility``)."""
+    return body["visibility"] if body.get("visibility") in ("private", "public") else "private"
 
 
 def upload_key(caller_key, content_sha, params):
@@ -4989,7 +4996,9 @@ OUTPUT_SCHEMAS = {
         "truncated": _FLAG, "turns_total": _COUNT, "turns_included": _COUNT, "context": _TEXT},
         ["status", "source", "max_tokens", "approx_tokens", "truncated", "turns_total", "turns_included", "context"]),
     "publish_session": _output_schema({
-        "status": {"const": "saved"}, "visibility": {"enum": ["private", "public", "private (requested)"]},
+        "status": {"const": "saved"}, "visibility": {"enum": ["private", "public"]},
+        "visibility_confirmed": {"type": "boolean", "description": "True when the a4sx server's answer stated the "
+                                 "visibility; false when it did not, and visibility is what was requested"},
         "deduped": _FLAG, "joined": _FLAG, "next": _TEXT, "data": _ENVELOPED}, ["status", "visibility", "data"]),
 }
 # A save not done within ANSWER_WITHIN_S answers this (``saving_result``): no author text in it.

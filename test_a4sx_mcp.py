@@ -5077,19 +5077,28 @@ def test_publish_scrubs_and_saves_privately(mcp, stub, token):
     assert push["query"]["client_scrub"] == "full" and push["query"]["label"] == "my-work"
     assert mail not in push["query"]["title"] and "visibility" not in push["query"]
     # the push's answer says no visibility (as the spec has it): the result says what was requested
-    assert structured["status"] == "saved" and structured["visibility"] == "private (requested)"
+    assert structured["status"] == "saved" and structured["visibility"] == "private"
+    assert structured["visibility_confirmed"] is False
     assert structured["library_id"] and structured["deduped"] is False and structured["untrusted"] is False
     assert structured["client_redactions"]["lines_changed"] == 1
     assert structured["client_redactions"]["title_and_label"] >= 1
     assert sum(structured["client_redactions"]["rules"].values()) >= 2
     assert "private" in structured["next"].lower() and "review" in structured["next"]
     assert key not in text and mail not in text
-    # the visibility is the answer's own when it states one (a word of this file's), never a constant
+    # the visibility is the answer's own when it states one (the hosted server's words only), never a
+    # constant, and so is the hint beside it (issue 33: "only you can list" after an answer saying public)
+    hints = {"private": a4sx_mcp.SAVED_NEXT, "public": a4sx_mcp.SAVED_PUBLIC_NEXT, "secret-ish": a4sx_mcp.SAVED_NEXT}
     for said in ("private", "public", "secret-ish"):
-        stub.queue("POST /library/push", 201, {"collection": "lib-vis", "version": "1", "deduped": False,
-                                               "visibility": said})
-        structured, _, is_error = mcp.tool("publish_session", {"transcript": transcript, "label": said})
-        assert not is_error and structured["visibility"] == {"secret-ish": "private (requested)"}.get(said, said)
+        for deduped in (False, True):
+            stub.queue("POST /library/push", 201, {"collection": "lib-vis", "version": "1", "deduped": deduped,
+                                                   "visibility": said})
+            structured, text, is_error = mcp.tool("publish_session", {"transcript": transcript, "label": said,
+                                                                      "title": str(deduped)})
+            assert not is_error and structured["visibility"] == {"secret-ish": "private"}.get(said, said)
+            assert structured["visibility_confirmed"] is (said != "secret-ish")
+            hint = a4sx_mcp.UNCHANGED_NEXT if deduped and said != "public" else hints[said]
+            assert structured["next"] == hint and hint in text, (said, deduped)
+    assert "only you can list" not in a4sx_mcp.SAVED_PUBLIC_NEXT
 
 
 def test_the_sdk_scrub_passes_over_a_secret_right_after_a_data_image_prefix(mcp, stub, token):
@@ -5666,7 +5675,7 @@ def test_publish_refuses_files_that_are_not_transcripts_and_scrubs_smuggled_secr
                                    claude_record("assistant", "noted", session_id="f-1")])
     structured, _, is_error = mcp.tool("publish_session", {"transcript": transcript, "title": "keys " + aws,
                                                            "visibility": "private"})
-    assert not is_error and structured["visibility"] == "private (requested)"
+    assert not is_error and structured["visibility"] == "private" and structured["visibility_confirmed"] is False
     push = stub.requests("POST /library/push")[0]
     assert b"b3BlbnNzaC1rZXktdjEAAAAABG5vbmU" not in push["body"] and b"wJalrXUtnFEMI" not in push["body"]
     assert "wJalrXUtnFEMI" not in json.dumps(push["query"]) and "visibility" not in push["query"]
