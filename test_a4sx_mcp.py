@@ -2241,6 +2241,35 @@ def test_an_untrusted_config_json_is_refused_loudly_never_passed_over(stub, env)
     assert a4sx_mcp.resolve_base() == ("https://chosen.example", "config.json")
 
 
+@pytest.mark.parametrize("content", ['{"base": "https://chosen.exa', "[]", "", '{"base": 8080}'])
+def test_an_unparseable_config_json_is_refused_loudly_never_passed_over(stub, env, content):
+    """Issue 33 review: a config.json cut short by an edit (or no JSON object) was read as absent, so
+    the public server (or amdx.json's) silently got the search text and the uploads; now it is refused
+    like an untrusted one: every call that needs the server answers config_untrusted naming the file,
+    nothing is sent, and --check says no server is used."""
+    stub.tokens.add(sign_in(env, stub.base))
+    (env["cfg"] / "amdx.json").write_text(json.dumps({"base": stub.base}))  # the next file: usable
+    os.chmod(str(env["cfg"] / "amdx.json"), 0o600)
+    config = env["cfg"] / "config.json"
+    config.write_text(content)
+    os.chmod(str(config), 0o600)
+    proc = McpProcess()  # no --base: the stored sign-in chooses
+    try:
+        assert "result" in proc.initialize()
+        refused, text, is_error = proc.tool("search_sessions", {"query": "anything"})
+        assert is_error and refused["error"] == "config_untrusted", refused
+        why = "names no server" if content.endswith("8080}") else "is not a JSON object"
+        assert "%s %s" % (config, why) in text and "Nothing was sent" in text, text
+    finally:
+        proc.proc.kill()
+        proc.proc.wait()
+    assert stub.requests() == []
+    done = run_check(None)
+    assert done.returncode == 1 and "server:     none" in done.stdout and why in done.stdout, done.stdout
+    with pytest.raises(a4sx_mcp.ConfigUntrusted):
+        a4sx_mcp.resolve_base()
+
+
 def test_env_token_only_for_its_own_origin(spawn, stub, monkeypatch):
     token = make_token()
     stub.tokens.add(token)
