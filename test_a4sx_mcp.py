@@ -1642,7 +1642,7 @@ REVIEW_SEARCHES = {
          (r"local_line\(|echoed_name\(", {"echoed_name", "local_line", "_trust_problem", "read_private", "_read_json",
                                             "Settings.login_hint", "Settings.__init__", "_network_reason", "network_error",
                                             "not_signed_in", "read_session", "validate", "sdk_missing", "push_with_retries",
-                                            "records_error", "_os_reason",
+                                            "records_error", "_os_reason", "_stored_base",
                                             "read_resource", "_prompt_args", "complete", "Server.handle_message",
                                             "Server.handle_request", "Server.handle_modern", "Server.dispatch"}),
          (r'\bsay\("([^"\\]|\\.)*"\s*[%+.]', set()),
