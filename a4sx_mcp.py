@@ -395,12 +395,7 @@ def _read_json(path, mode=None):
     descriptor it is read through (so it cannot be swapped in between), raises ``ConfigUntrusted``."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except FileNotFoundError:
-        return None
     except OSError:
-        if mode:  # there, but it cannot be read: never passed over for the next file or the public server
-            raise ConfigUntrusted(say("%s cannot be read: fix it, or run `uvx a4sx login` again",
-                                      local_line(path))) from None
         return None
     with os.fdopen(fd, "rb") as f:
         try:
@@ -412,13 +407,9 @@ def _read_json(path, mode=None):
                 raise ConfigUntrusted(problem)
             if not stat.S_ISREG(status.st_mode):
                 return None
-            data = json.loads(f.read(16 * MiB + 1).decode("utf-8"))
+            return json.loads(f.read(16 * MiB + 1).decode("utf-8"))
         except (OSError, ValueError):
-            data = ValueError
-        if mode and not isinstance(data, dict):  # a file that chooses the server is read, or refused
-            raise ConfigUntrusted(say("%s is not a JSON object (cut short by an edit?): fix it, or run `uvx a4sx "
-                                      "login` again", local_line(path)))
-        return None if data is ValueError else data
+            return None
 
 
 def path_problem(path, mode):
@@ -434,10 +425,13 @@ def path_problem(path, mode):
 
 def _read_config(path):
     """A config file that names a server (``config.json``, ``amdx.json``), or None when there is none.
-    One with a ``_trust_problem``, or that cannot be read or is no JSON object (issue 33: it fell back to
-    the public server), would choose where a token goes: it raises ``ConfigUntrusted``, and is never
-    passed over for the next file or the public server."""
-    return _read_json(path, "600")
+    One with a ``_trust_problem``, or there but no JSON object with a text ``base``, would choose where a
+    token goes: it raises ``ConfigUntrusted``, never passed over for the next file or the public server."""
+    data = _read_json(path, "600")
+    if os.path.lexists(path) and not (isinstance(data, dict) and isinstance(data.get("base", ""), str)):
+        raise ConfigUntrusted(say("%s is not a JSON object naming a server (cut short by an edit?): fix it, or run "
+                                  "`uvx a4sx login` again", local_line(path)))
+    return data
 
 
 def _stored_base(folder):
@@ -446,9 +440,6 @@ def _stored_base(folder):
     for name in ("config.json", "amdx.json"):
         data = _read_config(os.path.join(folder, name))
         if isinstance(data, dict):
-            if data.get("base") is not None and not isinstance(data["base"], str):
-                raise ConfigUntrusted(say("%s names no server (its base is not text): fix it, or run `uvx a4sx "
-                                          "login` again", local_line(os.path.join(folder, name))))
             return data.get("base"), name
     return None, None
 

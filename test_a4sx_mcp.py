@@ -1642,7 +1642,7 @@ REVIEW_SEARCHES = {
          (r"local_line\(|echoed_name\(", {"echoed_name", "local_line", "_trust_problem", "read_private", "_read_json",
                                             "Settings.login_hint", "Settings.__init__", "_network_reason", "network_error",
                                             "not_signed_in", "read_session", "validate", "sdk_missing", "push_with_retries",
-                                            "records_error", "_os_reason", "_stored_base",
+                                            "records_error", "_os_reason", "_read_config",
                                             "read_resource", "_prompt_args", "complete", "Server.handle_message",
                                             "Server.handle_request", "Server.handle_modern", "Server.dispatch"}),
          (r'\bsay\("([^"\\]|\\.)*"\s*[%+.]', set()),
@@ -2258,7 +2258,7 @@ def test_an_unparseable_config_json_is_refused_loudly_never_passed_over(stub, en
         assert "result" in proc.initialize()
         refused, text, is_error = proc.tool("search_sessions", {"query": "anything"})
         assert is_error and refused["error"] == "config_untrusted", refused
-        why = "names no server" if content.endswith("8080}") else "is not a JSON object"
+        why = "is not a JSON object naming a server"
         assert "%s %s" % (config, why) in text and "Nothing was sent" in text, text
     finally:
         proc.proc.kill()
