@@ -228,7 +228,8 @@ ENVIRONMENT = (
     ("A4SX_MCP_MAX_PUBLISH_BYTES", "the largest transcript publish_session takes (default 2 MiB)"),
     ("A4SX_UPLOAD_TIMEOUT_S", "a publish upload's deadline (default 120 s + 2 s per MiB up to 30 min; at most 6 h)"),
     ("A4SX_MCP_MAX_LOCAL_BYTES", "the largest local session publish_local_session reads (default 512 MiB)"),
-    ("A4SX_MCP_SCRUB_WORKERS", "scrub processes one save runs (default: the CPUs, at most %d)" % SCRUB_WORKERS_MAX),
+    ("A4SX_MCP_SCRUB_WORKERS", "scrub processes one save runs (default: the CPUs; at most %d, whatever is set)"
+     % SCRUB_WORKERS_MAX),
     ("A4SX_MCP_ALL_PROJECTS", "1: publish_local_session's session=<id> may name another project's session "
      "(default: this project's only)"),
     ("A4SX_MCP_LOG", "stderr log level: warning (default), info or debug"),
@@ -549,8 +550,8 @@ class Settings:
         self.publish_per_min = _int_setting(env, "A4SX_MCP_PUBLISH_PER_MIN", 10)
         self.max_publish_bytes = _int_setting(env, "A4SX_MCP_MAX_PUBLISH_BYTES", 2 * 1024 * 1024, minimum=1)
         self.max_local_bytes = _int_setting(env, "A4SX_MCP_MAX_LOCAL_BYTES", 512 * 1024 * 1024, minimum=1)
-        self.scrub_workers = _int_setting(env, "A4SX_MCP_SCRUB_WORKERS", min(os.cpu_count() or 1, SCRUB_WORKERS_MAX),
-                                          minimum=1)
+        self.scrub_workers = min(SCRUB_WORKERS_MAX, _int_setting(  # the user's value too: a worker holds ~40 MiB
+            env, "A4SX_MCP_SCRUB_WORKERS", min(os.cpu_count() or 1, SCRUB_WORKERS_MAX), minimum=1))
         self.upload_timeout_s = _int_setting(env, "A4SX_UPLOAD_TIMEOUT_S", 0)
         self.answer_within_s = _int_setting(env, "A4SX_MCP_ANSWER_WITHIN_S", ANSWER_WITHIN_S)
         self.session_roots = session_roots(env)

@@ -5598,6 +5598,25 @@ def test_without_the_sdk_reads_work_and_publish_refuses(spawn, stub, token, with
     assert stub.requests("POST /library/push") == [] and stub.requests("POST /library/ensure") == []
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts the server's children in /proc")
+def test_scrub_workers_are_clamped_to_the_maximum_whatever_the_user_sets(spawn, stub, token):
+    """Issue 33: ``A4SX_MCP_SCRUB_WORKERS=1000`` ran 20 to 39 workers at once for a 0.6 MiB session (only
+    the default was capped): a save runs at most SCRUB_WORKERS_MAX, and README and --check say so."""
+    proc = spawn(extra_env={"A4SX_MCP_SCRUB_WORKERS": "1000"})
+    records = [claude_record("user", "turn %d %s" % (n, "p" * 200), session_id="w-1") for n in range(3000)]
+    transcript = write_transcript(records)  # ~0.7 MiB: more batches (256 lines, 32 KiB) than the maximum
+    assert len(transcript) // a4sx_mcp.SCRUB_BATCH_BYTES > a4sx_mcp.SCRUB_WORKERS_MAX
+    assert len(records) // a4sx_mcp.PEM_QUIET_LINES > a4sx_mcp.SCRUB_WORKERS_MAX
+    structured, _, is_error = proc.tool("publish_session", {"transcript": transcript}, timeout=120)
+    assert not is_error, structured
+    workers = [pid for pid in os.listdir("/proc") if pid.isdigit() and _safe_parent(pid) == proc.proc.pid]
+    assert len(workers) == a4sx_mcp.SCRUB_WORKERS_MAX, workers  # (idle workers stay WORKER_IDLE_S)
+    with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
+        assert "at most %d, whatever it is set to" % a4sx_mcp.SCRUB_WORKERS_MAX in f.read()
+    check = run_check(stub.base, {"A4SX_MCP_SCRUB_WORKERS": "1000"})
+    assert "at most %d, whatever is set" % a4sx_mcp.SCRUB_WORKERS_MAX in check.stdout
+
+
 def _parent_of(pid):
     with open("/proc/%s/stat" % pid, "rb") as f:
         return int(f.read().rsplit(b")", 1)[1].split()[1])
