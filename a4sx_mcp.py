@@ -228,8 +228,8 @@ ENVIRONMENT = (
     ("A4SX_MCP_MAX_PUBLISH_BYTES", "the largest transcript publish_session takes (default 2 MiB)"),
     ("A4SX_UPLOAD_TIMEOUT_S", "a publish upload's deadline (default 120 s + 2 s per MiB up to 30 min; at most 6 h)"),
     ("A4SX_MCP_MAX_LOCAL_BYTES", "the largest local session publish_local_session reads (default 512 MiB)"),
-    ("A4SX_MCP_SCRUB_WORKERS", "scrub processes one save runs (default: the CPUs; at most %d, whatever is set)"
-     % SCRUB_WORKERS_MAX),
+    ("A4SX_MCP_SCRUB_WORKERS", "scrub processes one save runs (default: the CPUs; at most %d, whatever is "
+     "set)" % SCRUB_WORKERS_MAX),
     ("A4SX_MCP_ALL_PROJECTS", "1: publish_local_session's session=<id> may name another project's session "
      "(default: this project's only)"),
     ("A4SX_MCP_LOG", "stderr log level: warning (default), info or debug"),
@@ -2913,6 +2913,24 @@ class SdkMissing(Exception):
     pass
 
 
+class LocalFailure(Exception):
+    """A step on this machine failed before anything was sent (a scrub process that could not start or
+    died, the upload's temporary file): ``code`` and ``why`` (Words), for ``local_failure``."""
+
+    def __init__(self, code, why):
+        super().__init__(why)
+        self.code, self.why = code, why
+
+
+def local_failure(err):
+    return ToolError(err.code, say("%s. Nothing was sent.", err.why))
+
+
+def _os_reason(err):
+    """The OS's words for a failed call (``No space left on device``), or the error's name."""
+    return local_line(err.strerror or type(err).__name__, 120)
+
+
 def sdk_module(name):
     """``a4sx.<name>``, imported on first use only. ``a4sx.scrub`` costs ~230 ms of regex compiling,
     which no handshake and no read should wait for: ``a4sx.sdk`` imports it, so the records below
@@ -3054,15 +3072,26 @@ class ScrubWorker:
         """Starts the process; ``ready`` waits for it."""
         subprocess = lazy("subprocess")
         script = os.path.abspath(__file__)
-        self.proc = subprocess.Popen([sys.executable, script, "--scrub-worker"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True,
-                                     env=worker_environment(os.environ))
+        try:
+            self.proc = subprocess.Popen([sys.executable, script, "--scrub-worker"], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True,
+                                         env=worker_environment(os.environ))
+        except OSError as err:
+            raise LocalFailure("scrub_failed", say("A scrub process could not be started (%s)", _os_reason(err))) from None
 
     def ready(self):
-        hello = json.loads(self.proc.stdout.readline() or b"{}")
-        if not hello.get("ready"):
+        """Waits for the worker's hello: ``SdkMissing`` only when it says the SDK is missing; a worker
+        that died or said anything else could not start."""
+        try:
+            hello = json.loads(self.proc.stdout.readline() or b"{}")
+        except ValueError:
+            hello = {}
+        if not isinstance(hello, dict) or not hello.get("ready"):
             self.stop()
-            raise SdkMissing()
+            if isinstance(hello, dict) and hello.get("error") == "sdk_missing":
+                raise SdkMissing()
+            raise LocalFailure("scrub_failed", say("A scrub process exited as it started, before it could scrub "
+                                                   "(the a4sx SDK is installed: see the server's stderr)"))
         self.batches, self.used = hello.get("batches") is True, time.monotonic()
 
     def alive(self):
@@ -3145,27 +3174,44 @@ class ScrubbedUpload:
 
     def __init__(self):
         tempfile = lazy("tempfile")
-        self.folder = tempfile.mkdtemp(prefix="a4sx-mcp-")
+        self.folder = None
         try:
+            self.where = tempfile.gettempdir()  # (said when it fails)
+            self.folder = tempfile.mkdtemp(prefix="a4sx-mcp-")
             self.file = tempfile.TemporaryFile(dir=self.folder)
+        except OSError as err:
+            raise self._failure(err, say("could not be made")) from None
         finally:
             self._remove_folder()
         self.size, self.scrubbed, self.digest = 0, 0, lazy("hashlib").sha256()
 
+    def _failure(self, err, what):
+        """A ``LocalFailure`` naming the temporary folder and the OS's reason (a full disk: ENOSPC; a file
+        size limit, ``ulimit -f``: EFBIG; a folder that cannot be written: EACCES)."""
+        return LocalFailure("temp_file_failed", say("The scrubbed upload's temporary file in %s %s (%s)",
+                                                    local_line(self.folder or self.where), what, _os_reason(err)))
+
     def write(self, data, scrubbed):
         """``data``, the scrub of ``scrubbed`` bytes of the transcript."""
-        self.file.write(data)
+        try:
+            self.file.write(data)
+        except OSError as err:
+            raise self._failure(err, say("could not grow")) from None
         self.digest.update(data)
         self.size += len(data)
         self.scrubbed += scrubbed
 
     def content_sha(self):
-        self.file.flush()
+        try:
+            self.file.flush()
+        except OSError as err:
+            raise self._failure(err, say("could not grow")) from None
         return self.digest.hexdigest()
 
     def _remove_folder(self):
         try:
-            os.rmdir(self.folder)
+            if self.folder is not None:
+                os.rmdir(self.folder)
         except OSError:
             pass  # Windows: the file is in it until closed
 
@@ -3214,7 +3260,8 @@ def scrub_transcript(transcript, each, texts, cancel, workers, upload):
     except (OSError, ValueError, KeyError, TypeError):
         if cancel.is_set():
             raise Cancelled() from None
-        raise
+        raise LocalFailure("scrub_failed", say("A scrub process stopped or answered short in the middle of the "
+                                               "scrub")) from None
     finally:
         cancel.hook(kill, add=False)
         SCRUB_POOL.release(leased, failed)
@@ -3312,10 +3359,6 @@ def records_error(err, sent=False):
     return ToolError("records_unwritable", say("Could not write %s: %s. %s", local_line(err.path), err.why,
                                                say("The save itself went through.") if sent
                                                else say("Nothing was sent.")))
-
-
-def _os_reason(err):
-    return local_line(err.strerror or type(err).__name__, 120)
 
 
 class RecordsLock:
@@ -4486,6 +4529,7 @@ def prepare_publish(ctx, held, args, into=None, local=None, also=(False, ())):
                 raise Cancelled()
             framed, earlier = also() if callable(also) else also
             lineage = read_lineage(lineage_of[0] if lineage_of else None) or {}
+            content_sha = upload.content_sha()  # (the file's last bytes written: it may fail too)
         except SdkMissing:
             raise sdk_missing() from None
         title, label = (texts.get(k, (None, {}))[0] for k in ("title", "label"))
@@ -4495,7 +4539,7 @@ def prepare_publish(ctx, held, args, into=None, local=None, also=(False, ())):
             into = None  # the entry it was saved to is gone: a new one
         parent, parent_row = publish_parent(args.get("parent"), None if into else lineage, rows)
         params = {"label": label, "title": title, "parent": parent, "into": into, "client_scrub": "full"}
-        return Prepared(upload=upload, size=upload.size, content_sha=upload.content_sha(), report=report,
+        return Prepared(upload=upload, size=upload.size, content_sha=content_sha, report=report,
                         text_redactions=text_redactions, lineage=lineage, framed=framed or framing.found(), rows=rows,
                         into=into, parent=parent, parent_row=parent_row, params=params, earlier=earlier, local=local,
                         idempotency_key=args.get("idempotency_key"))
@@ -4763,6 +4807,8 @@ class Saves:
             result = error_result(ToolError("may_be_stored", MAY_BE_STORED)) if save.sent else None
         except ToolError as err:
             result = error_result(err)
+        except LocalFailure as err:  # a step on this machine (the scrub processes, the upload's file)
+            result = error_result(local_failure(err))
         except Exception as err:  # noqa: BLE001 - never leak a traceback, never die
             log("warning", "tool=%s internal error (%s)" % (plain_name(save.name), type(err).__name__))
             result = error_result(ToolError("internal_error", say("internal error")))

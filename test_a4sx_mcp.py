@@ -240,8 +240,8 @@ def token(env, stub):
 class McpProcess:
     """A server process and a line-oriented JSON-RPC client over its pipes."""
 
-    def __init__(self, args=(), base=None, extra_env=None):
-        cmd = [sys.executable, SERVER] + (["--base", base] if base else []) + list(args)
+    def __init__(self, args=(), base=None, extra_env=None, python_args=()):
+        cmd = [sys.executable] + list(python_args) + [SERVER] + (["--base", base] if base else []) + list(args)
         environ = dict(os.environ, **(extra_env or {}))
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      env=environ)
@@ -1642,7 +1642,7 @@ REVIEW_SEARCHES = {
          (r"local_line\(|echoed_name\(", {"echoed_name", "local_line", "_trust_problem", "read_private", "_read_json",
                                             "Settings.login_hint", "Settings.__init__", "_network_reason", "network_error",
                                             "not_signed_in", "read_session", "validate", "sdk_missing", "push_with_retries",
-                                            "records_error", "_os_reason", "_read_config",
+                                            "records_error", "_os_reason", "_read_config", "ScrubbedUpload._failure",
                                             "read_resource", "_prompt_args", "complete", "Server.handle_message",
                                             "Server.handle_request", "Server.handle_modern", "Server.dispatch"}),
          (r'\bsay\("([^"\\]|\\.)*"\s*[%+.]', set()),
@@ -5615,6 +5615,88 @@ def test_scrub_workers_are_clamped_to_the_maximum_whatever_the_user_sets(spawn, 
         assert "at most %d, whatever it is set to" % a4sx_mcp.SCRUB_WORKERS_MAX in f.read()
     check = run_check(stub.base, {"A4SX_MCP_SCRUB_WORKERS": "1000"})
     assert "at most %d, whatever is set" % a4sx_mcp.SCRUB_WORKERS_MAX in check.stdout
+
+
+# What a scrub worker does instead of its job, put in its way by a sitecustomize (the worker inherits
+# PYTHONPATH: WORKER_ENV) that acts only in a ``--scrub-worker`` process; the guard stays installed.
+WORKER_FAULTS = {
+    "dies_at_start": "import os\nos._exit(3)\n",
+    "says_garbage": "import os\nos.write(1, b'Traceback (most recent call last):\\n')\nos._exit(1)\n",
+    "cuts_its_reply": (
+        "import os, types\n"
+        "class _Cut:\n"
+        "    def __init__(self, real):\n"
+        "        self.real = real\n"
+        "    def write(self, data):\n"
+        "        if data.startswith(b'{\"report\"'):  # a reply: its header announces more than is sent\n"
+        "            self.real.write(data[:len(data) - 10])\n"
+        "            self.real.flush()\n"
+        "            os._exit(1)\n"
+        "        return self.real.write(data)\n"
+        "    def flush(self):\n"
+        "        self.real.flush()\n"
+        "sys.stdout = types.SimpleNamespace(buffer=_Cut(sys.stdout.buffer))\n"),
+}
+
+
+def faulty_worker_env(tmp_path, guard_dir, fault):
+    folder = tmp_path / ("worker-" + fault)
+    folder.mkdir()
+    code = "import sys\nif '--scrub-worker' in sys.argv:\n" + "".join(
+        "    " + line + "\n" for line in WORKER_FAULTS[fault].splitlines())
+    code += "exec(compile(open(%r).read(), 'guard', 'exec'))\n" % str(pathlib.Path(guard_dir) / "sitecustomize.py")
+    (folder / "sitecustomize.py").write_text(code)
+    return {"PYTHONPATH": os.pathsep.join([str(folder), guard_dir, HERE])}
+
+
+@pytest.mark.parametrize("fault", sorted(WORKER_FAULTS))
+@pytest.mark.parametrize("tool", ["publish_session", "publish_local_session"])
+def test_a_scrub_worker_that_dies_says_so_and_sends_nothing(spawn, stub, token, env, tmp_path, guard_dir, fault,
+                                                            tool):
+    """Issue 33: a scrub worker that exits as it starts (or says something else than its hello) was
+    reported as ``sdk_missing`` with the SDK installed; one whose reply is shorter than it announced
+    (it died mid-write) must never be uploaded cut. Both: ``scrub_failed``, its cause, "Nothing was
+    sent.", no push; for both save tools. One batch (every line holds "-----", where no batch is cut):
+    the cut reply is the whole upload, so accepting it would save a truncated transcript."""
+    records = [claude_record("user", "turn %d ----- %s" % (n, "q" * 1500), session_id="w-2") for n in range(100)]
+    proc = spawn(extra_env=faulty_worker_env(tmp_path, guard_dir, fault))
+    if tool == "publish_session":
+        transcript = write_transcript(records)
+        assert len(transcript) > a4sx_mcp.INPROCESS_SCRUB_BYTES
+        failed, text, is_error = proc.tool(tool, {"transcript": transcript}, timeout=60)
+    else:
+        sid, _ = claude_session(env, records)
+        failed, text, is_error = local_save(proc, {"session": sid}, timeout=60)
+    assert is_error and failed["error"] == "scrub_failed", failed
+    assert "pip install" not in text and text.endswith("Nothing was sent."), text
+    assert ("answered short" if fault == "cuts_its_reply" else "exited as it started") in text, text
+    assert stub.requests("POST /library/push") == []
+    proc.close()
+
+
+@pytest.mark.skipif(os.name != "posix", reason="a file size limit (RLIMIT_FSIZE) is POSIX")
+@pytest.mark.parametrize("size", [40 * 1024, 400 * 1024])  # scrubbed in this process, and by the workers
+def test_a_temporary_file_that_cannot_grow_says_where_and_why_and_sends_nothing(stub, token, env, tmp_path, size):
+    """Issue 33: the scrubbed upload's temporary file that cannot grow (a full disk; here a file size
+    limit, ``ulimit -f``) answered ``internal_error: internal error``: it says which folder, the OS's
+    reason and that nothing was sent."""
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    limit = 16 * 1024
+    wrapper = ("import os, resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (%d, %d)); "
+               "os.execv(sys.executable, [sys.executable] + sys.argv[1:])" % (limit, limit))
+    proc = McpProcess(base=stub.base, extra_env={"TMPDIR": str(temp)}, python_args=["-c", wrapper])
+    try:
+        assert "result" in proc.initialize()
+        records = [claude_record("user", "turn %d %s" % (n, "r" * 900), session_id="t-1") for n in range(size // 1000)]
+        failed, text, is_error = proc.tool("publish_session", {"transcript": write_transcript(records)}, timeout=60)
+        assert is_error and failed["error"] == "temp_file_failed", failed
+        assert "temporary file in %s" % temp in text and "could not grow (File too large)" in text, text
+        assert text.endswith("Nothing was sent."), text
+        assert stub.requests("POST /library/push") == []
+    finally:
+        proc.proc.kill()
+        proc.proc.wait()
 
 
 def _parent_of(pid):
