@@ -4711,8 +4711,10 @@ SAVE_POLL_S = 0.2
 
 # A save stopped (a cancel, tasks/cancel, a signal, stdin closing) after an upload attempt left: the
 # library may hold it, so the caller is sent to look, never to upload the same bytes again blind.
-MAY_BE_STORED = say("This save was stopped after its upload had started: your library may hold it. Check with "
-                    "search_sessions (scope \"library\") before saving this session again.")
+MAY_BE_STORED = say("This save was stopped after its upload had started, so whether it was stored is unknown: your "
+                    "library may hold it. To check, call search_sessions with scope \"library\". Saving again with "
+                    "the same arguments while the session is unchanged is safe: the same upload key is sent, so the "
+                    "a4sx server answers with the stored upload rather than storing it twice.")
 NOTHING_SENT = say("This save was stopped before anything was sent: the call that started it was cancelled, or "
                    "the server stopped. Call the tool again to save.")
 
@@ -4720,8 +4722,10 @@ NOTHING_SENT = say("This save was stopped before anything was sent: the call tha
 # first one written before the first byte of its upload left (``Saves.sending``).
 ENDED_SAVE = {
     "may_be_stored": say("This save's upload had started when its server last recorded it (then the server or "
-                         "the call was stopped): your library may hold it. Check with search_sessions (scope "
-                         "\"library\") before saving this session again."),
+                         "the call was stopped), so whether it was stored is unknown: your library may hold it. To "
+                         "check, call search_sessions with scope \"library\". Saving again with the same arguments "
+                         "while the session is unchanged is safe: the same upload key is sent, so the a4sx server "
+                         "answers with the stored upload rather than storing it twice."),
     "saved": say("This save finished: it is in your private library (search_sessions scope=library)."),
     "failed": say("This save's upload was refused by the a4sx server: nothing was stored. Call "
                   "publish_local_session again to save."),
