@@ -2437,12 +2437,16 @@ def read_session(session, cap, prefix=0):
     complete = _hashed(handle, status.st_size, prefix)
 
     def pieces():
+        """The bytes hashed, read again: the file that shrank or was replaced meanwhile (its bytes no
+        longer those hashed, counted and reported) stops the save after the scrub, before its upload
+        (``session_changed``)."""
         with handle:
-            left, partial = complete[0], []
+            left, partial, read = complete[0], [], lazy("hashlib").sha256()
             while left > 0:
                 chunk = handle.read(min(READ_BYTES, left))
                 if not chunk:
-                    return
+                    break
+                read.update(chunk)
                 left -= len(chunk)
                 end = chunk.rfind(b"\n") + 1
                 if end:
@@ -2450,6 +2454,10 @@ def read_session(session, cap, prefix=0):
                     partial = [chunk[end:]]
                 else:  # a line longer than a read
                     partial.append(chunk)
+            if left or read.hexdigest() != complete[2]:
+                raise ToolError("session_changed", say("The session file changed while it was read (it shrank or "
+                                                       "was replaced); nothing was sent. Save it again once it is "
+                                                       "written."))
     transcript = Transcript(status.st_size, pieces(), handle)
     transcript.complete, transcript.lines, transcript.sha256, transcript.prefix_sha256 = complete
     return transcript

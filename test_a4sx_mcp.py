@@ -7314,6 +7314,34 @@ def test_local_session_swapped_after_it_was_found_is_not_uploaded_as_the_callers
 
 
 @POSIX_MODES
+@pytest.mark.parametrize("change", ["cut_to_a_third", "replaced_in_place"])
+def test_a_session_file_that_changes_while_it_is_read_stops_the_save(stub, token, env, monkeypatch, change):
+    """Issue 33: a session file cut to a third while it was read had its prefix uploaded, the result
+    saying all its lines. The file is hashed, then read again for the check and the scrub: bytes that
+    are no longer those hashed (it shrank, or was rewritten in place at the same size) stop the save
+    before its upload, saying so; nothing is sent."""
+    records = [claude_record("user" if n % 2 else "assistant", "turn %d %s" % (n, "s" * 300)) for n in range(600)]
+    sid, path = claude_session(env, records)
+    size = path.stat().st_size
+    hashed = a4sx_mcp._hashed
+
+    def then_changed(handle, *args):
+        found = hashed(handle, *args)
+        data = path.read_bytes()
+        with open(path, "r+b") as f:  # the same file (inode) the open handle reads
+            if change == "cut_to_a_third":
+                f.truncate(data.index(b"\n", size // 3) + 1)
+            else:
+                f.write(data.replace(b"turn 5", b"TURN 5"))
+        return found
+    monkeypatch.setattr(a4sx_mcp, "_hashed", then_changed)
+    server = InProc(stub.base)
+    failed, text, is_error = server.tool("publish_local_session", {"session": sid})
+    assert is_error and failed["error"] == "session_changed", failed
+    assert "The session file changed while it was read" in text and "nothing was sent" in text, text
+    assert stub.requests("POST /library/push") == []
+
+
 def test_local_session_a_fifo_or_device_named_like_a_session_is_never_opened(env, tmp_path):
     """A node swapped in after the listing is looked at before it is opened: a FIFO with a writer
     waiting is never opened (the writer stays blocked), a device neither (root only)."""
