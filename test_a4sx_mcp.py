@@ -2516,6 +2516,428 @@ def test_token_files_and_the_config_dir_are_trusted_like_ssh(spawn, stub, env, t
 
 
 def test_no_code_from_the_working_directory(stub, token, tmp_path):
+    """Issue 11, finding 5: started in a project folder holding an `a4sx` package and stdlib-named
+    modules, none of them runs, however it is started, also at the first library call and a save.
+    Issue 33: `python -m`'s own machinery (runpy) imports `importlib` and its parts before this file
+    runs, with the working directory first, unless the installation loaded them at start (a `.pth`
+    file does): a folder's `importlib/` package runs then, which README says; the scripts run none of
+    it on every Python. What is asserted holds on every Python and installation."""
+    ran = tmp_path / "ran.txt"
+    plant = "open(%r, 'a').write(__name__ + '\\n')\n" % str(ran)
+    stub.library[:] = [library_row("own")]
+    stub.bundles["own"] = bundle("own", {"transcript.jsonl": claude_jsonl([claude_record("user", "hi")])})
+    messages = [{"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                 "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}},
+                {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                 "params": {"name": "search_sessions", "arguments": {"scope": "library"}}},
+                {"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+                 "params": {"name": "fetch_session_context", "arguments": {"id": "own"}}},
+                {"jsonrpc": "2.0", "id": 4, "method": "tools/call",
+                 "params": {"name": "publish_session", "arguments": {"transcript": cc_transcript("p-1")}}}]
+    runpy_imports = {"importlib", "importlib.util", "importlib.machinery"}
+    plants = {"modules": ("a4sx/__init__.py", "json.py", "ipaddress.py", "uuid.py", "shlex.py", "__future__.py",
+                          "ssl.py", "hashlib.py", "subprocess.py", "runpy.py"),
+              "importlib": ("importlib/__init__.py", "importlib/util.py", "importlib/machinery.py")}
+    for kind, names in plants.items():
+        project = tmp_path / kind
+        for name in names:
+            (project / name).parent.mkdir(parents=True, exist_ok=True)
+            (project / name).write_text(plant)
+        # python -m from the project folder, and a copy of the file in it run as a script from there
+        (project / "a4sx_mcp.py").write_text(open(SERVER, encoding="utf-8").read())
+        for cmd in ([sys.executable, "-m", "a4sx_mcp"], [sys.executable, str(project / "a4sx_mcp.py")],
+                    [sys.executable, "a4sx_mcp.py"]):
+            done = subprocess.run(cmd + ["--base", stub.base], cwd=project, timeout=60,
+                                  input="".join(json.dumps(m) + "\n" for m in messages).encode(), capture_output=True)
+            names_ran = set(ran.read_text().split()) if ran.exists() else set()
+            if ran.exists():
+                ran.unlink()
+            if kind == "importlib" and "-m" in cmd and names_ran:  # runpy imported the folder's importlib
+                assert names_ran <= runpy_imports, names_ran
+                continue
+            assert not names_ran, (cmd, names_ran)
+            answers = {m["id"]: m for m in map(json.loads, done.stdout.splitlines())}
+            assert sorted(answers) == [1, 2, 3, 4], (cmd, done.stderr)
+            assert not any(answers[i]["result"]["isError"] for i in (2, 3, 4)), answers
+    with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
+        readme = " ".join(f.read().split())
+    assert ("`python -m a4sx_mcp` is the exception, and it is not safe in a folder you do not trust" in readme
+            and "that folder's `a4sx_mcp.py` or `importlib/` package runs" in readme)
+
+
+# ---------------------------------------------------------------------------------------------
+# The token: only ever to the server it is stored for
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_token_stored_for_another_server_is_never_sent(mcp, stub, env):
+    sign_in(env, "https://session-exchange.com")
+    sign_in(env, "http://127.0.0.1:1")
+    structured, text, _ = mcp.tool("search_sessions", {"scope": "library"})
+    assert structured["error"] == "not_signed_in" and "session-exchange.com" not in text
+    assert stub.requests() == []
+
+
+@pytest.mark.skipif(os.name != "posix", reason="FIFOs and modes are POSIX")
+def test_a_config_file_is_checked_on_the_descriptor_it_is_read_through(env):
+    """``_read_config`` (issue 16 walk A): the file that chooses the server is opened once and its
+    checks run on that descriptor: a FIFO is refused without waiting for a writer, a file another
+    user could write is refused (issue 28: never passed over for the public server), a symlink to a
+    private file is read."""
+    config = env["cfg"] / "config.json"
+    os.mkfifo(str(config))
+    started = time.monotonic()
+    with pytest.raises(a4sx_mcp.ConfigUntrusted, match="config.json is not a regular file"):
+        a4sx_mcp.resolve_base(None)
+    assert time.monotonic() - started < 5
+    config.unlink()
+    target = env["cfg"] / "real-config.json"
+    target.write_text(json.dumps({"base": "https://linked.example"}))
+    target.chmod(0o600)
+    config.symlink_to(target)
+    assert a4sx_mcp.resolve_base(None) == ("https://linked.example", "config.json")
+    target.chmod(0o620)
+    with pytest.raises(a4sx_mcp.ConfigUntrusted, match="config.json is writable by group or others"):
+        a4sx_mcp.resolve_base(None)
+
+
+@POSIX_MODES
+def test_config_files_that_choose_the_server_are_trusted_like_the_token_files(env):
+    """Second timed review: the older script's ``session`` token went to the public server when its
+    ``amdx.json`` named an unusable base; a ``config.json``/``amdx.json`` another user could write
+    chose where a token goes. In process: no network is involved."""
+    token = make_token()
+    (env["cfg"] / "session").write_text(token + "\n")
+    os.chmod(env["cfg"] / "session", 0o600)
+    for base in ("http://10.0.0.5", "ftp://x.example", "https://"):
+        (env["cfg"] / "amdx.json").write_text(json.dumps({"base": base}))
+        os.chmod(env["cfg"] / "amdx.json", 0o600)
+        assert a4sx_mcp.Settings(a4sx_mcp.PUBLIC_BASE).find_token() == (None, None), base
+    (env["cfg"] / "amdx.json").write_text(json.dumps({}))  # no base: the public server, as the script did
+    assert a4sx_mcp.Settings(a4sx_mcp.PUBLIC_BASE).find_token() == (token, "session file")
+    (env["cfg"] / "config.json").write_text(json.dumps({"base": "https://chosen.example"}))
+    for mode, chosen in ((0o600, True), (0o644, True), (0o620, False), (0o602, False)):
+        os.chmod(env["cfg"] / "config.json", mode)
+        if chosen:
+            assert a4sx_mcp.resolve_base() == ("https://chosen.example", "config.json"), oct(mode)
+        else:
+            with pytest.raises(a4sx_mcp.ConfigUntrusted, match="config.json is writable by group or others"):
+                a4sx_mcp.resolve_base()
+    done = run_check("http://127.0.0.1:9")  # --base chooses: config.json is not needed, only reported
+    assert "config.json is writable by group or others" in done.stdout and "ignored until then" in done.stdout
+
+
+@pytest.mark.skipif(os.name != "posix", reason="modes are POSIX")
+def test_an_untrusted_config_json_is_refused_loudly_never_passed_over(stub, env):
+    """Issue 28 review: a config.json another user could write was ignored like an absent one, so
+    amdx.json (or the public server) silently chose where the token went; only --check said so. Now
+    stderr says it at start, every call that needs the server answers config_untrusted naming the file,
+    nothing is sent, and --check says no server is used."""
+    stub.tokens.add(sign_in(env, stub.base))
+    (env["cfg"] / "amdx.json").write_text(json.dumps({"base": stub.base}))  # the next file: trusted
+    os.chmod(str(env["cfg"] / "amdx.json"), 0o600)
+    config = env["cfg"] / "config.json"
+    config.write_text(json.dumps({"base": "https://chosen.example"}))
+    os.chmod(str(config), 0o620)
+    proc = McpProcess()  # no --base: the stored sign-in chooses
+    try:
+        assert "result" in proc.initialize()
+        for arguments in ({"scope": "library"}, {"query": "anything"}):
+            refused, text, is_error = proc.tool("search_sessions", arguments)
+            assert is_error and refused["error"] == "config_untrusted", refused
+            assert "config.json is writable by group or others" in text and "Nothing was sent" in text, text
+        deadline = time.monotonic() + 10
+        while "config.json" not in "".join(proc.stderr) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "no a4sx server is used until this is fixed" in "".join(proc.stderr), proc.stderr
+        assert "config.json is writable by group or others" in "".join(proc.stderr), proc.stderr
+    finally:
+        proc.proc.kill()
+        proc.proc.wait()
+    assert stub.requests() == []
+    done = run_check(None)
+    assert done.returncode == 1 and "server:     none" in done.stdout and "answers:    not asked" in done.stdout
+    assert done.stdout.count("config.json is writable by group or others") == 1, done.stdout
+    os.chmod(str(config), 0o600)  # fixed: it chooses again
+    assert a4sx_mcp.resolve_base() == ("https://chosen.example", "config.json")
+
+
+@pytest.mark.parametrize("content", ['{"base": "https://chosen.exa', "[]", "", '{"base": 8080}'])
+def test_an_unparseable_config_json_is_refused_loudly_never_passed_over(stub, env, content):
+    """Issue 33 review: a config.json cut short by an edit (or no JSON object) was read as absent, so
+    the public server (or amdx.json's) silently got the search text and the uploads; now it is refused
+    like an untrusted one: every call that needs the server answers config_untrusted naming the file,
+    nothing is sent, and --check says no server is used."""
+    stub.tokens.add(sign_in(env, stub.base))
+    (env["cfg"] / "amdx.json").write_text(json.dumps({"base": stub.base}))  # the next file: usable
+    os.chmod(str(env["cfg"] / "amdx.json"), 0o600)
+    config = env["cfg"] / "config.json"
+    config.write_text(content)
+    os.chmod(str(config), 0o600)
+    proc = McpProcess()  # no --base: the stored sign-in chooses
+    try:
+        assert "result" in proc.initialize()
+        refused, text, is_error = proc.tool("search_sessions", {"query": "anything"})
+        assert is_error and refused["error"] == "config_untrusted", refused
+        why = "is not a JSON object naming a server"
+        assert "%s %s" % (config, why) in text and "Nothing was sent" in text, text
+    finally:
+        proc.proc.kill()
+        proc.proc.wait()
+    assert stub.requests() == []
+    done = run_check(None)
+    assert done.returncode == 1 and "server:     none" in done.stdout and why in done.stdout, done.stdout
+    with pytest.raises(a4sx_mcp.ConfigUntrusted):
+        a4sx_mcp.resolve_base()
+
+
+def test_env_token_only_for_its_own_origin(spawn, stub, monkeypatch):
+    token = make_token()
+    stub.tokens.add(token)
+    proc = spawn(extra_env={"A4SX_SESSION": token, "A4SX_BASE": stub.base})  # not its origin: default public
+    assert proc.tool("search_sessions", {"scope": "library"})[0]["error"] == "not_signed_in"
+    proc = spawn(extra_env={"A4SX_SESSION": token, "A4SX_SESSION_BASE": stub.base + "/"})
+    assert proc.tool("search_sessions", {"scope": "library"})[2] is False
+    assert stub.requests("GET /library/sessions")[-1]["headers"]["authorization"] == "Bearer " + token
+
+
+@POSIX_MODES
+def test_legacy_session_file_only_for_its_server(spawn, stub, env):
+    token = make_token()
+    stub.tokens.add(token)
+    (env["cfg"] / "session").write_text(token + "\n")
+    os.chmod(env["cfg"] / "session", 0o644)
+    proc = spawn()
+    assert proc.tool("search_sessions", {"scope": "library"})[0]["error"] == "not_signed_in"
+    (env["cfg"] / "amdx.json").write_text(json.dumps({"base": stub.base}))
+    assert proc.tool("search_sessions", {"scope": "library"})[2] is False
+    assert oct(os.stat(env["cfg"] / "session").st_mode & 0o777) == "0o600"  # tightened when read
+
+
+@POSIX_MODES
+def test_an_unusable_amdx_json_sends_the_session_token_nowhere(env):
+    """Found by the issue 16 review: an amdx.json that is there but cannot be used (another user could
+    write it, not a JSON object, a base that is no origin) must not make the older script's token,
+    issued by the server it names, go to the public server."""
+    token = make_token()
+    (env["cfg"] / "session").write_text(token + "\n")
+    os.chmod(env["cfg"] / "session", 0o600)
+    amdx = env["cfg"] / "amdx.json"
+    public = a4sx_mcp.Settings(a4sx_mcp.PUBLIC_BASE)
+    assert public.find_token() == (token, "session file")  # no amdx.json: the public server's
+    for content, mode in ((json.dumps({"base": "https://corp.example"}), 0o664), ("{not json", 0o600),
+                          (json.dumps(["https://corp.example"]), 0o600), (json.dumps({"base": 7}), 0o600),
+                          (json.dumps({"base": "ftp://corp.example"}), 0o600)):
+        amdx.write_text(content)
+        os.chmod(amdx, mode)
+        assert public.find_token() == (None, None), content
+    for content in (json.dumps({}), json.dumps({"base": ""}), json.dumps({"base": a4sx_mcp.PUBLIC_BASE})):
+        amdx.write_text(content)
+        assert public.find_token() == (token, "session file"), content
+
+
+def test_a_records_file_that_cannot_be_read_is_never_overwritten(spawn, stub, token, env):
+    """Found by the issue 16 review: an untrusted.json that is not a JSON object is left as it is (a
+    rewrite would lose its records); the save still answers, untrusted, and --check says it loudly."""
+    records = env["cfg"] / "untrusted.json"
+    records.write_text('{"truncated": ["lib-1", ')
+    proc = spawn()
+    saved, _, is_error = proc.tool("publish_session", {"transcript": (TESTDATA / "claude-code-2.1.332-tainted.jsonl")
+                                                       .read_text()})
+    assert not is_error and saved["untrusted"] is True, saved
+    assert records.read_text() == '{"truncated": ["lib-1", '
+    check = subprocess.run([sys.executable, SERVER, "--check", "--base", stub.base], capture_output=True, text=True,
+                           timeout=60)
+    assert check.returncode == 1 and "to fix: %s: it is there but is not a JSON object" % records in check.stdout
+
+
+@pytest.mark.parametrize("tool", ["publish_session", "publish_local_session"])
+@pytest.mark.parametrize("damage", ["not_an_object", "cut_short", "lock_unopenable"])
+def test_no_upload_without_its_write_ahead_record(spawn, stub, token, env, tool, damage):
+    """Issue 33: when saved-sessions.json cannot take the save's write-ahead record (there but not a
+    JSON object, or its lock file cannot be opened), the save stops before its upload with an error
+    naming the file and why, nothing is sent, and the file is left as it was; both save tools."""
+    records = env["cfg"] / "saved-sessions.json"
+    if damage == "lock_unopenable":
+        (env["cfg"] / "saved-sessions.json.lock").mkdir()
+        path, why = env["cfg"] / "saved-sessions.json.lock", "its lock file cannot be opened"
+    else:
+        records.write_text("[]" if damage == "not_an_object" else '{"http://x": {"ended:1": ')
+        path, why = records, "it is there but is not a JSON object"
+    before = records.read_bytes() if records.exists() else None
+    sid, _ = claude_session(env, [claude_record("user", "x")])
+    proc = spawn()
+    if tool == "publish_session":
+        failed, text, is_error = proc.tool(tool, {"transcript": (TESTDATA / "claude-code-2.1.332-plain.jsonl").read_text()})
+    else:
+        failed, text, is_error = local_save(proc, {"session": sid})
+    assert is_error and failed["error"] == "records_unwritable", failed
+    assert "Could not write %s: %s" % (path, why) in text and text.endswith("Nothing was sent."), text
+    assert stub.requests("POST /library/push") == []
+    assert (records.read_bytes() if records.exists() else None) == before
+
+
+def test_a_server_killed_holding_the_records_lock_leaves_no_stale_lock(env, monkeypatch):
+    """Issue 33: the records lock is the OS's: another process holding it makes a write wait at most
+    RECORDS_LOCK_WAIT_S, then fail naming the lock file; a holder killed mid-write (kill -9) drops it
+    at once, and the next write goes through."""
+    with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
+        assert "held the lock for %d s" % a4sx_mcp.RECORDS_LOCK_WAIT_S in " ".join(f.read().split())
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, a4sx_mcp\n"
+                               "with a4sx_mcp.RecordsLock(a4sx_mcp.SAVED_SESSIONS_FILE):\n"
+                               "    print('held', flush=True); sys.stdin.read()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=HERE)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        monkeypatch.setattr(a4sx_mcp, "RECORDS_LOCK_WAIT_S", 0.3)
+        with pytest.raises(a4sx_mcp.RecordsError) as err:
+            a4sx_mcp.record_saved("http://127.0.0.1:1", "claude-code:s", "lib-1")
+        assert err.value.path == str(env["cfg"] / "saved-sessions.json.lock")
+        assert "another a4sx-mcp process held its lock" in err.value.why
+        assert not (env["cfg"] / "saved-sessions.json").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    a4sx_mcp.record_saved("http://127.0.0.1:1", "claude-code:s", "lib-1")
+    assert json.loads((env["cfg"] / "saved-sessions.json").read_text()) == {"http://127.0.0.1:1": {
+        "claude-code:s": "lib-1"}}
+
+
+@POSIX_CONFIG_DIR
+def test_the_config_directory_is_the_sdk_s_rule(spawn, stub, env, monkeypatch):
+    """Issue 16: one rule for the config directory, the a4sx SDK's (it and the CLI write the files
+    there): an XDG_CONFIG_HOME that is not absolute as written (" /x") is ignored by both, so the
+    sign-in `a4sx login` stored in ~/.config/a4sx is found and the taint records go beside it."""
+    from a4sx import config as sdk_config
+
+    monkeypatch.delenv("A4SX_CONFIG_DIR")
+    for value in (" /some/dir", "/some/dir", "relative/dir", "", "/some/dir "):
+        monkeypatch.setenv("XDG_CONFIG_HOME", value)
+        assert a4sx_mcp.config_dir(a4sx_mcp.environment()) == sdk_config.config_dir(), repr(value)
+    monkeypatch.setenv("XDG_CONFIG_HOME", " " + str(env["home"] / "xdg"))
+    stored = env["home"] / ".config" / "a4sx"
+    stored.mkdir(parents=True)
+    os.chmod(stored, 0o700)
+    tok = make_token()
+    (stored / "credentials.json").write_text(json.dumps({stub.base: tok}))
+    os.chmod(stored / "credentials.json", 0o600)
+    stub.tokens.add(tok)
+    structured, _, is_error = spawn().tool("search_sessions", {"scope": "library"})
+    assert not is_error, structured
+
+
+def test_check_names_the_file_that_chose_the_server(stub, env):
+    """Issue 16: a server chosen by amdx.json (the older script's) is reported as amdx.json's."""
+    (env["cfg"] / "amdx.json").write_text(json.dumps({"base": stub.base}))
+    os.chmod(env["cfg"] / "amdx.json", 0o600)
+    out = run_check(None).stdout
+    assert "server:     %s (from %s, written by the standalone a4sx script)" % (stub.base, env["cfg"] / "amdx.json") in out
+
+
+def test_redirect_to_another_origin_is_not_followed(mcp, stub, token):
+    other = Stub()
+    try:
+        stub.queue("GET /library/sessions", 302, redirect=other.base + "/library/sessions")
+        structured, _, is_error = mcp.tool("search_sessions", {"scope": "library"})
+        assert is_error and structured["status"] == 302
+        stub.queue("GET /memory/discover", 307, redirect=other.base + "/memory/discover")
+        assert mcp.tool("search_sessions", {})[2] is True
+        assert other.requests() == []
+        stub.listings["l-1"] = listing("l-1")
+        stub.queue("GET /memory/discover", 302, redirect=stub.base + "/memory/discover?q=l-1")
+        assert mcp.tool("search_sessions", {})[0]["items"][0]["id"] == "l-1"  # same origin: followed
+        stub.queue("GET /library/sessions", 302, redirect=stub.base + "/library/sessions?again=1")
+        structured, _, _ = mcp.tool("search_sessions", {"scope": "library"})
+        followed = stub.requests("GET /library/sessions")[-1]  # the token never rides a redirect
+        assert followed["query"] == {"again": "1"} and "authorization" not in followed["headers"]
+        assert structured["error"] == "credential_not_accepted"
+    finally:
+        other.stop()
+
+
+def test_the_token_never_appears_in_any_output_even_at_debug(spawn, stub, token):
+    proc = spawn(extra_env={"A4SX_MCP_LOG": "debug"})
+    stub.listings["l-1"] = listing("l-1")
+    stub.library[:] = [library_row("s")]
+    stub.bundles["s"] = bundle("s", {"transcript.jsonl": claude_jsonl([claude_record("user", token)])})
+    proc.tool("search_sessions", {"query": "secret query text"})
+    proc.tool("search_sessions", {"scope": "library"})
+    proc.tool("acquire_session", {"id": "l-1"})
+    proc.tool("fetch_session_context", {"id": "s"})
+    proc.tool("publish_session", {"transcript": cc_transcript(), "title": "my title"})
+    stub.queue("GET /library/sessions", 401, {})
+    assert proc.tool("search_sessions", {"scope": "library"})[0]["error"] == "credential_not_accepted"
+    proc.close()
+    output = proc.all_output()
+    assert "tool=search_sessions outcome=ok" in output and "tool=publish_session outcome=saved" in output
+    assert "secret query text" not in output and "my title" not in output and token[8:] not in output.replace(
+        json.dumps(token)[1:-1], "") or token not in "".join(proc.stderr)
+    assert token not in "".join(proc.stderr)
+    for request in stub.requests():
+        if request["route"] in ("GET /memory/discover", "GET /memory/discover/item"):
+            assert "authorization" not in request["headers"]
+        assert token not in json.dumps(request["query"]) and token.encode() not in request["body"] or \
+            request["route"] == "POST /library/push"
+
+
+@POSIX_MODES
+def test_token_files_and_the_config_dir_are_trusted_like_ssh(spawn, stub, env, tmp_path):
+    """Issue 11, finding 4: no chmod through a symlink; a token file or config directory another
+    user could write is refused with the command that fixes it, and --check reports it."""
+    token = sign_in(env, stub.base)
+    stub.tokens.add(token)
+    creds, cfg = env["cfg"] / "credentials.json", env["cfg"]
+    os.chmod(cfg, 0o700)
+    proc = spawn()
+
+    def library():
+        return proc.tool("search_sessions", {"scope": "library"})
+
+    def refused(path, why):
+        structured, text, is_error = library()
+        assert is_error and structured["error"] == "config_untrusted", text
+        assert structured["message"] == "The a4sx sign-in was not used: %s %s. Nothing was sent." % (path, why)
+        assert text == "a4sx error config_untrusted: " + structured["message"], text
+        done = run_check(stub.base)
+        assert done.returncode == 1 and "sign-in:    refused" in done.stdout and "to fix: %s %s" % (path, why) in done.stdout, done.stdout
+
+    os.chmod(creds, 0o644)  # a regular file readable by others goes back to 0600 and is used
+    assert not library()[2] and creds.stat().st_mode & 0o777 == 0o600
+    os.chmod(creds, 0o611)  # execute bits are not write bits (the directory's are needed to enter it)
+    os.chmod(cfg, 0o711)
+    assert not library()[2] and creds.stat().st_mode & 0o777 == 0o600
+    target = tmp_path / "elsewhere.json"  # a symlink: its target is never changed, and is refused until fixed
+    target.write_text(creds.read_text())
+    os.chmod(target, 0o644)
+    creds.unlink()
+    creds.symlink_to(target)
+    refused(creds, "(a symlink) is readable by group or others: run `chmod 600 %s`" % target)
+    assert target.stat().st_mode & 0o777 == 0o644
+    os.chmod(target, 0o600)
+    assert not library()[2]  # a private file behind a symlink is used
+    creds.unlink()
+    creds.write_text(json.dumps({stub.base: token}))
+    os.chmod(creds, 0o620)  # writable by the group
+    refused(creds, "is writable by group or others: run `chmod 600 %s`" % creds)
+    assert creds.stat().st_mode & 0o777 == 0o620
+    os.chmod(creds, 0o600)
+    os.chmod(cfg, 0o777)  # the directory writable by others: any file in it could be replaced
+    refused(cfg, "is writable by group or others: run `chmod 700 %s`" % cfg)
+    os.chmod(cfg, 0o700)
+    if os.getuid() == 0:  # owned by another user (only root can set that up)
+        os.chown(creds, 65534, 65534)
+        refused(creds, "is owned by another user: if it is yours, run `sudo chown 0 %s`" % creds)
+        os.chown(creds, 0, 0)
+        os.chown(cfg, 65534, 65534)
+        refused(cfg, "is owned by another user: if it is yours, run `sudo chown 0 %s`" % cfg)
+        os.chown(cfg, 0, 0)
+    assert not library()[2]
+    sent = [r for r in stub.requests() if r["headers"].get("authorization")]
+    assert len(sent) == 4  # the four calls that were allowed; none while refused
+
+
+def test_no_code_from_the_working_directory(stub, token, tmp_path):
     """Issue 11, finding 5: `python -m a4sx_mcp` started in a project folder holding an `a4sx`
     package and stdlib-named modules runs none of them, also at the first library call."""
     project = tmp_path / "project"
