@@ -89,7 +89,7 @@ that shows there is no other place, and the test that proves it:
 
 Run it as ``a4sx-mcp``, ``python -m a4sx_mcp`` or ``python3 a4sx_mcp.py`` (a copied file works as is);
 in a folder you do not trust, as the console script or by the file's full path: the other two find
-the module through the working directory first, and ``python -m``'s ``runpy`` may import that
+the module through the working directory first, and ``python -m``'s own machinery may import that
 folder's ``importlib/`` before this file runs.
 """
 
