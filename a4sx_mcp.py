@@ -2984,6 +2984,25 @@ WORKER_IDLE_S = 300
 SCRUB_BATCH_BYTES = 32 * KiB
 PEM_QUIET_LINES = 256
 PEM_DEEP = 600
+# A line longer than a batch is a batch of its own, and its worker's peak grows with it (issue 33: one
+# pasted 60 MiB image in one line took the server and its workers to 415 MiB; 16 MiB: 247 MiB): a longer
+# line is refused before anything is scrubbed, so a save stays within README's 256 MiB.
+SCRUB_LINE_MAX_BYTES = 12 * MiB
+
+
+def refuse_long_lines(piece):
+    """``line_too_long`` when a line of ``piece`` (which holds a long line whole) exceeds SCRUB_LINE_MAX_BYTES."""
+    start = 0
+    while len(piece) > SCRUB_LINE_MAX_BYTES and start < len(piece):
+        end = piece.find(b"\n", start)
+        end = len(piece) if end < 0 else end
+        if end - start > SCRUB_LINE_MAX_BYTES:
+            raise ToolError("line_too_long", say("A line of this session is %s, longer than the %s a line may be "
+                                                 "to be scrubbed within the server's memory bound. If it is a pasted "
+                                                 "image, save the session without images (images: \"placeholder\"); "
+                                                 "else save it with the a4sx CLI. Nothing was sent.", _size(end - start),
+                                                 _size(SCRUB_LINE_MAX_BYTES)))
+        start = end + 1
 
 
 def scrub_worker_main():
@@ -4521,6 +4540,7 @@ def prepare_publish(ctx, held, args, into=None, local=None, also=(False, ())):
                                                     "was sent.", problem))
 
     def each(piece):
+        refuse_long_lines(piece)
         passed(check.lines(piece))
         framing.lines(piece)
         if not lineage_of:  # from the bytes as written, not scrubbed
@@ -4538,7 +4558,6 @@ def prepare_publish(ctx, held, args, into=None, local=None, also=(False, ())):
                 raise Cancelled()
             framed, earlier = also() if callable(also) else also
             lineage = read_lineage(lineage_of[0] if lineage_of else None) or {}
-            content_sha = upload.content_sha()  # (the file's last bytes written: it may fail too)
         except SdkMissing:
             raise sdk_missing() from None
         title, label = (texts.get(k, (None, {}))[0] for k in ("title", "label"))
@@ -4548,7 +4567,7 @@ def prepare_publish(ctx, held, args, into=None, local=None, also=(False, ())):
             into = None  # the entry it was saved to is gone: a new one
         parent, parent_row = publish_parent(args.get("parent"), None if into else lineage, rows)
         params = {"label": label, "title": title, "parent": parent, "into": into, "client_scrub": "full"}
-        return Prepared(upload=upload, size=upload.size, content_sha=content_sha, report=report,
+        return Prepared(upload=upload, size=upload.size, content_sha=upload.content_sha(), report=report,
                         text_redactions=text_redactions, lineage=lineage, framed=framed or framing.found(), rows=rows,
                         into=into, parent=parent, parent_row=parent_row, params=params, earlier=earlier, local=local,
                         idempotency_key=args.get("idempotency_key"))

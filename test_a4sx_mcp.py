@@ -7618,6 +7618,50 @@ def test_local_session_continued_file_whose_records_spell_session_id_with_an_esc
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_line_too_long_to_scrub_within_the_bound_is_refused_and_images_placeholder_saves_it(spawn, stub, token,
+                                                                                              env):
+    """Issue 33: one pasted 60 MiB image in one line took the server and its workers to 415 MiB against
+    README's "within 256 MiB". A line longer than SCRUB_LINE_MAX_BYTES is refused before it is scrubbed
+    (``line_too_long``, its size, the way out, nothing sent); saved without images, the same session
+    goes (the placeholder makes the line short); README states the limit."""
+    image = base64.b64encode(b"\x89PNG" + os.urandom(a4sx_mcp.SCRUB_LINE_MAX_BYTES * 3 // 4 + 1024)).decode()
+    pasted = claude_record("user", [{"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                                  "data": image}}])
+    sid, path = claude_session(env, [claude_record("user", "look at this"), pasted, claude_record("assistant", "ok")])
+    assert a4sx_mcp.SCRUB_LINE_MAX_BYTES < max(map(len, path.read_bytes().split(b"\n"))) < 2 * a4sx_mcp.SCRUB_LINE_MAX_BYTES
+    proc = spawn()
+    refused, text, is_error = local_save(proc, {"session": sid}, timeout=120)
+    assert is_error and refused["error"] == "line_too_long", refused
+    assert "longer than the %d MiB a line may be" % (a4sx_mcp.SCRUB_LINE_MAX_BYTES >> 20) in text, text
+    assert 'images: \\"placeholder\\"' in text or 'images: "placeholder"' in text, text
+    assert text.endswith("Nothing was sent.") and stub.requests("POST /library/push") == []
+    saved, _, is_error = local_save(proc, {"session": sid, "images": "placeholder"}, timeout=120)
+    assert not is_error and saved["local_session"]["images"]["replaced"] >= 1, saved
+    assert len(stub.pushes) == 1 and len(stub.pushes[0]["body"]) < (1 << 20)
+    with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
+        readme = " ".join(f.read().split())
+    assert "a line longer than %d MiB is refused" % (a4sx_mcp.SCRUB_LINE_MAX_BYTES >> 20) in readme
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads the processes' peak memory from /proc")
+def test_a_line_as_long_as_the_limit_is_saved_within_256_mib_with_its_workers(spawn, stub, token, env):
+    """Issue 33: README's "the server and its workers stay within 256 MiB" for a line as long as
+    SCRUB_LINE_MAX_BYTES (a pasted image): the peaks of the server and of each worker, summed."""
+    image = base64.b64encode(os.urandom(a4sx_mcp.SCRUB_LINE_MAX_BYTES * 3 // 4 - 4096)).decode()
+    pasted = claude_record("user", [{"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                                  "data": image}}])
+    sid, path = claude_session(env, [claude_record("user", "look at this"), pasted, claude_record("assistant", "ok")])
+    longest = max(map(len, path.read_bytes().split(b"\n")))
+    assert a4sx_mcp.SCRUB_LINE_MAX_BYTES - 8192 < longest <= a4sx_mcp.SCRUB_LINE_MAX_BYTES
+    proc = spawn()
+    saved, _, is_error = local_save(proc, {"session": sid}, timeout=300)
+    assert not is_error and len(stub.pushes) == 1, saved
+    workers = [int(pid) for pid in os.listdir("/proc") if pid.isdigit() and _safe_parent(pid) == proc.proc.pid]
+    assert workers  # (idle workers stay WORKER_IDLE_S)
+    peaks = [vm_hwm(proc.proc.pid)] + [vm_hwm(pid) for pid in workers]
+    assert sum(peaks) <= 256 << 20, [peak >> 20 for peak in peaks]
+
+
 def test_a_save_stays_within_five_times_the_largest_file_it_reads(spawn, stub, token, env):
     """Claim 16 counts the largest file a save reads, not the session file: a 389-byte session whose
     subagent file is 48 MiB (issue 28: 209 MiB peak against "5x the session file + 64 MiB"). Each of its
