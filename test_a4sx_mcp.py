@@ -11422,3 +11422,230 @@ def test_release_memory_and_the_warm_up_send_nothing(stub, monkeypatch):
     a4sx_mcp.release_memory()
     a4sx_mcp.warm_network(a4sx_mcp.Api(a4sx_mcp.Settings("https://127.0.0.1:9")))
     assert connects == [] and a4sx_mcp._ssl_context is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 33: edges a mutation test showed no test guarded (each test fails when its edge breaks)
+# ---------------------------------------------------------------------------------------------
+
+def _framed_text(nonce="0123456789abcdef"):
+    """A fetched session as this server frames it: a BEGIN line and the other-author caution."""
+    return "<<<%s nonce=%s>>>\n%s: ..." % (a4sx_mcp.BEGIN_MARK, nonce, a4sx_mcp.OTHER_AUTHOR_CAUTION)
+
+
+def test_publish_session_joins_a_save_in_flight_only_with_the_same_options(spawn, stub, token, env):
+    """publish_session, like publish_local_session: a second save of the same transcript in flight with
+    another label and a parent holding another author's content is its own save after the first (its
+    options sent, untrusted), never joined; the same arguments join (issue 33: a mutant that joined
+    regardless of options survived)."""
+    stub.library.append(library_row("lib-theirs", acquired_from={"id": "pub-1"}))
+    proc = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "1"})
+    transcript = cc_transcript("join-options")
+    held = threading.Event()
+    stub.queue("POST /library/push", None, hold=held)
+    try:
+        first, _ = saving_call(proc, "publish_session", {"transcript": transcript})
+        wait_until(lambda: stub.pushes)
+        other, _ = saving_call(proc, "publish_session", {"transcript": transcript, "label": "mine",
+                                                         "parent": "lib-theirs"})
+        same, _ = saving_call(proc, "publish_session", {"transcript": transcript})
+        assert {first["status"], other["status"], same["status"]} == {"saving"}
+        assert "waiting for the save of this session" in other["stage"], other
+    finally:
+        held.set()
+    done = {name: finish_save(proc, answer["save_id"])[0] for name, answer in
+            (("first", first), ("other", other), ("same", same))}
+    assert done["same"]["joined"] is True and "joined" not in done["other"], done
+    assert done["first"]["untrusted"] is False and done["other"]["untrusted"] is True, done
+    sent = stub.requests("POST /library/push")
+    assert [(r["query"].get("label"), r["query"].get("parent")) for r in sent] == [(None, None),
+                                                                                   ("mine", "lib-theirs")]
+
+
+def test_a_refused_upload_records_failed_for_a_later_server(spawn, stub, token, env):
+    """A push the a4sx server refuses (a 4xx other than 408 and 429) stored nothing: the save's record
+    says ``failed``, and a later server asked for its save_id says so (not may_be_stored)."""
+    proc = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "30"})
+    stub.queue("POST /library/push", 422, {"error": {"code": "invalid_transcript", "message": "no"}})
+    refused, _, is_error = proc.tool("publish_session", {"transcript": cc_transcript("refused-1")})
+    assert is_error and refused["error"] == "invalid_transcript", refused
+    (save_id, record), = ended_records(env, stub).items()
+    assert record["outcome"] == "failed", record
+    told, text = saving_call(spawn(), "publish_local_session", {"save_id": save_id})
+    assert told["error"] == "save_ended" and text.endswith(a4sx_mcp.ENDED_SAVE["failed"]), text
+
+
+def test_a_save_recorded_stopped_by_a_signal_never_opens_its_upload(stub, token, env):
+    """The server's end (a client's signal) stops a save that sent nothing and records it ``stopped``
+    first; that save reaching its upload afterwards is refused at the write-ahead (``Saves.sending``):
+    its record stays ``stopped`` and nothing is sent."""
+    server = a4sx_mcp.Server(a4sx_mcp.Settings(stub.base), write=lambda message: None)
+    save = a4sx_mcp.Save("publish_session")
+    save.key = "sha256:" + "0" * 64
+    with server.saves.lock:
+        server.saves.by_id[save.id] = save
+    server.saves.end(0.0)  # (waits at most 1 s for the save, which nothing runs)
+    assert ended_records(env, stub)[save.id]["outcome"] == "stopped"
+    with pytest.raises(a4sx_mcp.Cancelled):
+        server.saves.sending(save)
+    assert save.sent is False and ended_records(env, stub)[save.id]["outcome"] == "stopped"
+
+
+def test_a_kept_preview_expires_and_is_closed(monkeypatch):
+    """A preview is kept PREVIEW_KEEP_S for the save that follows it, then dropped (its scrubbed file
+    closed): never reused after that."""
+    closed = []
+
+    class Kept:
+        def close(self):
+            closed.append(self)
+    previews, prep = a4sx_mcp.Previews(), Kept()
+    previews.keep("claude-code:s", "{}", (prep, {}, {}), "sha")
+    assert previews.find("claude-code:s", "{}")[0] is prep and closed == []
+    monkeypatch.setattr(a4sx_mcp, "PREVIEW_KEEP_S", -1)  # its time is up
+    assert previews.find("claude-code:s", "{}") is None and closed == [prep]
+
+
+def test_a_record_of_another_session_after_a_sessionless_record_is_refused(mcp, stub, token):
+    """A sessionless record (``summary``, ``file-history-snapshot``) between two sessions' records does
+    not make the second session's records belong: the transcript is refused, nothing sent."""
+    summary = {"type": "summary", "summary": "earlier work", "leafUuid": str(uuid.uuid4())}
+    data = claude_jsonl([claude_record("user", "mine", session_id="sess-a"), summary,
+                         claude_record("assistant", "theirs", session_id="sess-b")])
+    assert "belongs to another session" in a4sx_mcp.check_transcript(data)
+    refused, text, is_error = mcp.tool("publish_session", {"transcript": data.decode()})
+    assert is_error and refused["error"] == "not_a_transcript" and "line 3 (record type" in text, text
+    assert "belongs to another session" in text, text
+    assert stub.requests("POST /library/push") == []
+
+
+@pytest.mark.parametrize("first", ["begin", "caution"])
+def test_framing_split_over_two_pieces_read_is_found(mcp, stub, token, first):
+    """The taint rule's framing search reads a transcript piece by piece (READ_BYTES): the BEGIN line in
+    one piece and the other-author caution in a later one (either first) is still framing: untrusted."""
+    begin = "<<<%s nonce=0123456789abcdef>>>" % a4sx_mcp.BEGIN_MARK
+    parts = [begin, a4sx_mcp.OTHER_AUTHOR_CAUTION] if first == "begin" else [a4sx_mcp.OTHER_AUTHOR_CAUTION, begin]
+    filler = [claude_record("assistant", "filler %d %s" % (n, "f" * 500), session_id="split-1") for n in range(80)]
+    records = ([claude_record("user", "loaded: " + parts[0], session_id="split-1")] + filler
+               + [claude_record("user", "and: " + parts[1], session_id="split-1")])
+    data = claude_jsonl(records)
+    assert data.index(parts[1].encode()) - data.index(parts[0].encode()) > 2 * a4sx_mcp.READ_BYTES
+    saved, _, is_error = mcp.tool("publish_session", {"transcript": data.decode()})
+    assert not is_error and saved["untrusted"] is True, saved
+
+
+def test_a_preview_is_not_reused_for_another_entry(spawn, stub, token, env):
+    """A preview said where the save would go (a new entry); when the session's recorded entry changed
+    since (another server saved it meanwhile), the save is decided afresh: sent into that entry."""
+    sid, _ = claude_session(env, [claude_record("user", "preview me")])
+    stub.library.append(library_row("lib-mine"))
+    proc = spawn()
+    shown, _, is_error = local_save(proc, {"session": sid, "preview": True})
+    assert not is_error and shown["would_save_as"] == "new_entry", shown
+    (env["cfg"] / "saved-sessions.json").write_text(json.dumps({stub.base: {"claude-code:" + sid: "lib-mine"}}))
+    saved, _, is_error = local_save(proc, {"session": sid})
+    assert not is_error and saved["from_preview"] is False and saved["library_id"] == "lib-mine", saved
+    assert stub.requests("POST /library/push")[0]["query"].get("into") == "lib-mine"
+
+
+def test_a_preview_is_not_reused_after_a_subagent_file_gained_framing(spawn, stub, token, env):
+    """A preview of a trusted session; then its subagent loads another author's session (its file
+    gains framing): the save is decided afresh and saved untrusted, not as the preview showed."""
+    sid, _ = claude_session(env, [claude_record("user", "run a subagent"), claude_record("assistant", "ok")])
+    proc = spawn()
+    shown, _, is_error = local_save(proc, {"session": sid, "preview": True})
+    assert not is_error and shown["untrusted"] is False, shown
+    _subagent_file(env, sid, claude_jsonl([claude_record("user", _framed_text(), session_id=sid)]))
+    saved, _, is_error = local_save(proc, {"session": sid})
+    assert not is_error and saved["from_preview"] is False and saved["untrusted"] is True, saved
+
+
+def test_without_the_sdk_s_batch_steps_a_worker_scrubs_the_whole_file_at_once(spawn, stub, token, env, tmp_path,
+                                                                               guard_dir):
+    """A worker whose SDK lacks the steps ``scrub_batch`` takes (another 0.11 build) says so in its
+    hello, and the transcript goes to it whole, one ``scrub_bytes`` of the whole file: the upload is the
+    SDK's whole-file scrub, byte for byte."""
+    log = tmp_path / "scrub_bytes.log"
+    folder = tmp_path / "worker-no-batches"
+    folder.mkdir()
+    (folder / "sitecustomize.py").write_text(
+        "import sys\n"
+        "if '--scrub-worker' in sys.argv:\n"
+        "    import a4sx.scrub as scrub\n"
+        "    del scrub._cli_scrub.sr_name_reconcile\n"
+        "    whole = scrub.scrub_bytes\n"
+        "    def logged(data, **kw):\n"
+        "        open(%r, 'a').write('%%d\\n' %% len(data))\n"
+        "        return whole(data, **kw)\n"
+        "    scrub.scrub_bytes = logged\n"
+        "exec(compile(open(%r).read(), 'guard', 'exec'))\n" % (str(log), str(pathlib.Path(guard_dir) / "sitecustomize.py")))
+    records = [claude_record("user", "turn %d mail jane%d@example.org %s" % (n, n, "z" * 150), session_id="whole-1")
+               for n in range(2000)]
+    data = claude_jsonl(records)
+    assert len(data) > 4 * a4sx_mcp.SCRUB_BATCH_BYTES and len(records) > 4 * a4sx_mcp.PEM_QUIET_LINES
+    proc = spawn(extra_env={"PYTHONPATH": os.pathsep.join([str(folder), guard_dir, HERE])})
+    saved, _, is_error = proc.tool("publish_session", {"transcript": data.decode()}, timeout=120)
+    assert not is_error, saved
+    assert log.read_text().split() == [str(len(data))]  # one scrub, of the whole file
+    assert stub.pushes[0]["body"] == a4sx_scrubbed(data)
+
+
+FAKE_WORKER = r"""
+import json, os, sys, time
+mode, mark = sys.argv[1], sys.argv[2]
+out = sys.stdout.buffer
+out.write(b'{"ready": true, "batches": true}\n')
+out.flush()
+while True:
+    header = sys.stdin.buffer.readline()
+    if not header:
+        sys.exit(0)
+    request = json.loads(header)
+    data = sys.stdin.buffer.read(request["size"])
+    if mode == "stuck":  # takes its batch and never answers
+        open(mark, "w").write("got a batch")
+        while True:
+            time.sleep(60)
+    reply = {"report": {"lines_changed": 0, "rules": {}}, "size": len(data), "texts": {}}
+    out.write(json.dumps(reply).encode() + b"\n" + data)
+    out.flush()
+"""
+
+
+def test_a_cancel_stops_every_scrub_worker_at_once(tmp_path, monkeypatch):
+    """The cancel flag's hook kills every worker of the scrub, not only the first: here the scrub waits
+    on the second worker, which never answers; the cancel ends both processes and the scrub."""
+    mark = tmp_path / "stuck.txt"
+    started = []
+
+    def start(worker):
+        mode = "stuck" if len(started) == 1 else "echo"
+        worker.proc = subprocess.Popen([sys.executable, "-c", FAKE_WORKER, mode, str(mark)], stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        started.append(worker.proc)
+    a4sx_mcp.SCRUB_POOL.stop()
+    monkeypatch.setattr(a4sx_mcp.ScrubWorker, "_start", start)
+    records = [claude_record("user", "turn %d %s" % (n, "c" * 200), session_id="cancel-1") for n in range(3000)]
+    transcript = a4sx_mcp.in_pieces(claude_jsonl(records))
+    cancel, upload, ended = a4sx_mcp.CancelFlag(), a4sx_mcp.ScrubbedUpload(), []
+
+    def scrub():
+        try:
+            a4sx_mcp.scrub_transcript(transcript, lambda piece: None, {}, cancel, 2, upload)
+        except BaseException as err:  # noqa: BLE001 - what ended it
+            ended.append(err)
+    thread = threading.Thread(target=scrub, daemon=True)
+    thread.start()
+    try:
+        wait_until(mark.exists, timeout=60)  # the second worker holds a batch the scrub waits for
+        cancel.set()
+        for proc in started:
+            assert proc.wait(timeout=60) is not None
+        thread.join(60)
+        assert len(started) == 2 and isinstance(ended[0], a4sx_mcp.Cancelled), ended
+    finally:
+        for proc in started:
+            if proc.poll() is None:
+                proc.kill()
+        upload.close()
+        a4sx_mcp.SCRUB_POOL.stop()
