@@ -6984,7 +6984,7 @@ def test_local_session_cancel_mid_scrub_sends_nothing_and_progress_keeps_coming(
     sid, _ = claude_session(env, turns)
     temp = tmp_path / "temp"
     temp.mkdir()
-    proc = spawn(extra_env={"TMPDIR": str(temp), "A4SX_MCP_SCRUB_WORKERS": "2"})
+    proc = spawn(extra_env={"TMPDIR": str(temp), "A4SX_MCP_SCRUB_WORKERS": "2", "A4SX_MCP_LOG": "info"})
     pid = proc.proc.pid
 
     def temp_files():
@@ -7014,7 +7014,8 @@ def test_local_session_cancel_mid_scrub_sends_nothing_and_progress_keeps_coming(
     proc.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 77}})
     listed = proc.request("tools/list")
     assert [t["name"] for t in listed["result"]["tools"]][-1] == "publish_local_session"
-    time.sleep(1.0)
+    # the call ended without an answer (logged when it does), its workers and file already gone
+    wait_until(lambda: "tool=publish_local_session outcome=cancelled" in "".join(proc.stderr), timeout=60)
     assert not [m for m in proc.notes if m.get("id") == 77], proc.notes
     assert stub.pushes == [] and stub.requests() == []
     assert temp_files() == [] and os.listdir(str(temp)) == [] and children_of(pid) == []
@@ -7074,7 +7075,8 @@ def test_a_save_longer_than_the_bound_answers_saving_and_finishes_through_save_i
     unguessable save_id and the one instruction; publish_local_session with that save_id waits and
     answers saving again or the saved result, the same on every later call, with exactly one upload.
     A save of the same bytes with the same options in flight is joined (its own save_id; its result
-    says joined), for both tools; one with other options waits for it, then is a save of its own."""
+    says joined), for both tools (one with other options: test_publish_session_joins_a_save_in_flight_only_
+    with_the_same_options and test_a_save_joins_one_in_flight_only_with_the_same_options_and_the_same_bytes)."""
     proc = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "1"})
     stub.queue("POST /library/push", None, delay=4)  # the normal answer, 4 s late
     transcript = cc_transcript("slow-1")
@@ -10010,7 +10012,8 @@ def test_progress_has_no_message_on_2024_11_05(spawn, stub, token):
     assert notes and all("message" not in n["params"] and n["params"]["progressToken"] == 5 for n in notes)
 
 
-def test_cancel_during_retry_wait_stops_the_call_without_a_response(mcp, stub, token):
+def test_cancel_during_retry_wait_stops_the_call_without_a_response(spawn, stub, token):
+    mcp = spawn(extra_env={"A4SX_MCP_LOG": "info"})
     stub.queue("POST /library/push", 503, {"error": {"code": "scrub_pool_busy", "details": {"retry_after_s": 30}}})
     mcp.send({"jsonrpc": "2.0", "id": "pub", "method": "tools/call",
               "params": {"name": "publish_session", "arguments": {"transcript": cc_transcript()}}})
@@ -10020,7 +10023,7 @@ def test_cancel_during_retry_wait_stops_the_call_without_a_response(mcp, stub, t
     time.sleep(0.2)
     mcp.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "pub", "reason": "x"}})
     assert mcp.request("ping", msg_id="after-cancel")["result"] == {}
-    time.sleep(1.5)
+    wait_until(lambda: "tool=publish_session outcome=cancelled" in "".join(mcp.stderr), timeout=60)  # no answer
     assert mcp.lines.empty() and len(stub.requests("POST /library/push")) == 1 and stub.pushes == []
     mcp.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "pub"}})  # finished
     mcp.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "never-existed"}})
