@@ -1259,13 +1259,17 @@ SAVED_NEXT = ("Saved privately: only you can list and fetch it. Listing it publi
               "step in the a4sx web app.")
 UNCHANGED_NEXT = ("Unchanged: the newest version of this library entry already holds this content, so nothing new "
                   "was stored. It stays private: only you can list and fetch it.")
+UNCHANGED_OPTIONS_NEXT = ("Unchanged: the newest version of this library entry already holds this content, so nothing "
+                          "new was stored, and the title, label and parent given were not applied: the a4sx server "
+                          "keeps the stored version as it was. It stays private: only you can list and fetch it.")
 SAVED_PUBLIC_NEXT = ("Saved, and the a4sx server's answer says this entry is public: others may find and fetch it. "
                      "This server only asks for the private library: check the entry's visibility in the a4sx web "
                      "app.")
 PREVIEW_NEXT = ("Nothing was sent. Show the user what would be saved and ask them; if they agree, call "
                 "publish_local_session again with the same arguments without preview: it uploads what was scrubbed "
                 "here, if the session has not changed since.")
-NEXT_STEPS = (MORE_RESULTS, ACQUIRED_NEXT, NEVER_BUYS, SAVED_NEXT, UNCHANGED_NEXT, SAVED_PUBLIC_NEXT, PREVIEW_NEXT)
+NEXT_STEPS = (MORE_RESULTS, ACQUIRED_NEXT, NEVER_BUYS, SAVED_NEXT, UNCHANGED_NEXT, UNCHANGED_OPTIONS_NEXT,
+              SAVED_PUBLIC_NEXT, PREVIEW_NEXT)
 OTHER_AUTHOR_CAUTION = "CAUTION: this content was written by ANOTHER author"  # the taint rule finds it too
 ELLIPSIS = "\u2026"
 
@@ -1382,7 +1386,7 @@ def structured_notice(nonce, untrusted, framed_field):
 # they may hold (anything else stays inside the envelope): flags, counts and this file's own words.
 SERVER_FIELDS = ("untrusted", "status", "scope", "source", "visibility", "total", "truncated", "deduped",
                  "next_offset", "next", "max_tokens", "approx_tokens", "turns_total", "turns_included", "joined",
-                 "visibility_confirmed")
+                 "visibility_confirmed", "options_applied")
 SERVER_WORDS = frozenset(("ok", "public", "library", "marketplace", "acquired", "payment_required", "saved",
                           "private", "not_a_session", "preview"))
 
@@ -3000,8 +3004,8 @@ def refuse_long_lines(piece):
             raise ToolError("line_too_long", say("A line of this session is %s, longer than the %s a line may be "
                                                  "to be scrubbed within the server's memory bound. If it is a pasted "
                                                  "image, save the session without images (images: \"placeholder\"); "
-                                                 "else save it with the a4sx CLI. Nothing was sent.", _size(end - start),
-                                                 _size(SCRUB_LINE_MAX_BYTES)))
+                                                 "else save it with the a4sx CLI. Nothing was sent.",
+                                                 _size(end - start), _size(SCRUB_LINE_MAX_BYTES)))
         start = end + 1
 
 
@@ -3105,7 +3109,8 @@ class ScrubWorker:
                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True,
                                          env=worker_environment(os.environ))
         except OSError as err:
-            raise LocalFailure("scrub_failed", say("A scrub process could not be started (%s)", _os_reason(err))) from None
+            raise LocalFailure("scrub_failed", say("A scrub process could not be started (%s)",
+                                                   _os_reason(err))) from None
 
     def ready(self):
         """Waits for the worker's hello: ``SdkMissing`` only when it says the SDK is missing; a worker
@@ -3429,8 +3434,9 @@ class RecordsLock:
                 busy = os.name == "nt" or isinstance(err, BlockingIOError)
                 if not busy or time.monotonic() > deadline:
                     os.close(fd)
-                    raise RecordsError(self.path, say("another a4sx-mcp process held its lock for %d s", RECORDS_LOCK_WAIT_S)
-                                       if busy else say("its lock file cannot be locked (%s)", _os_reason(err))) from None
+                    why = (say("another a4sx-mcp process held its lock for %d s", RECORDS_LOCK_WAIT_S) if busy
+                           else say("its lock file cannot be locked (%s)", _os_reason(err)))
+                    raise RecordsError(self.path, why) from None
             time.sleep(0.01)
 
     def __exit__(self, *exc):
@@ -4297,8 +4303,8 @@ def save_options(args):
 
 def saved_result(result):
     """A save's result (``fields`` kept, so a save that joined it can say so: ``Saves.result_of``)."""
-    hint = (SAVED_PUBLIC_NEXT if result["visibility"] == "public" else UNCHANGED_NEXT if result["deduped"]
-            else SAVED_NEXT)  # what the answer says, never a constant
+    hint = (SAVED_PUBLIC_NEXT if result["visibility"] == "public" else UNCHANGED_OPTIONS_NEXT if result.get(
+        "options_applied") is False else UNCHANGED_NEXT if result["deduped"] else SAVED_NEXT)  # as the answer says
     out = json_result(result, result["untrusted"], "saved", hint_next=hint)
     out.fields = result
     return out
@@ -4592,13 +4598,13 @@ def send_prepared(ctx, prep):
         except Exception:  # noqa: BLE001 - the upload stands: its result must reach the model
             log("warning", "could not record the untrusted marker locally")
     report = prep.report
-    result = {"status": "saved", "visibility": visibility_of(body), "library_id": collection,
-              "visibility_confirmed": body.get("visibility") in ("private", "public"),
+    result = {"status": "saved", **visibility_of(body), "library_id": collection,
               "version": body.get("version"), "deduped": body.get("deduped") is True,
               "server_redactions": body.get("redactions"),
               "client_redactions": {"lines_changed": report["lines_changed"], "rules": report["rules"],
                                     "title_and_label": prep.text_redactions},
-              "untrusted": untrusted, "parent": prep.parent}
+              "untrusted": untrusted, "parent": prep.parent, "options_applied": not (  # deduped: kept as it was
+                  body.get("deduped") is True and any(prep.params.get(k) for k in ("title", "label", "parent")))}
     if prep.local is not None:  # publish_local_session says where the save went, as the answer says it
         into = prep.into
         result["saved_as"] = saved_as(body, into, collection)
@@ -4631,10 +4637,11 @@ def unsettled_key(ctx, content_sha):
 
 
 def visibility_of(body):
-    """The visibility the push's answer states, else ``private``, what was asked for: this server sent it
-    only to the private library route, and the answer (as the spec has it) does not say; the result's
-    ``visibility_confirmed`` tells the two apart (the hosted vocabulary stays in ``visibility``)."""
-    return body["visibility"] if body.get("visibility") in ("private", "public") else "private"
+    """``visibility``: what the push's answer states, else ``private``, what was asked for (this server
+    sent it only to the private library route, and the answer, as the spec has it, does not say); and
+    ``visibility_confirmed``, which tells the two apart (the hosted vocabulary stays in ``visibility``)."""
+    stated = body.get("visibility") in ("private", "public")
+    return {"visibility": body["visibility"] if stated else "private", "visibility_confirmed": stated}
 
 
 def upload_key(caller_key, content_sha, params):
@@ -5082,7 +5089,10 @@ OUTPUT_SCHEMAS = {
         "status": {"const": "saved"}, "visibility": {"enum": ["private", "public"]},
         "visibility_confirmed": {"type": "boolean", "description": "True when the a4sx server's answer stated the "
                                  "visibility; false when it did not, and visibility is what was requested"},
-        "deduped": _FLAG, "joined": _FLAG, "next": _TEXT, "data": _ENVELOPED}, ["status", "visibility", "data"]),
+        "deduped": _FLAG, "joined": _FLAG, "options_applied": {"type": "boolean", "description": "false when the "
+                                                               "answer was deduplicated: the title, label and parent "
+                                                               "sent were not applied"},
+        "next": _TEXT, "data": _ENVELOPED}, ["status", "visibility", "data"]),
 }
 # A save not done within ANSWER_WITHIN_S answers this (``saving_result``): no author text in it.
 OUTPUT_SCHEMAS["publish_session"]["anyOf"].append({  # beside them: stage (Words), elapsed_s (a count)

@@ -5547,7 +5547,7 @@ def test_publish_scrubs_and_saves_privately(mcp, stub, token):
                                                                       "title": str(deduped)})
             assert not is_error and structured["visibility"] == {"secret-ish": "private"}.get(said, said)
             assert structured["visibility_confirmed"] is (said != "secret-ish")
-            hint = a4sx_mcp.UNCHANGED_NEXT if deduped and said != "public" else hints[said]
+            hint = a4sx_mcp.UNCHANGED_OPTIONS_NEXT if deduped and said != "public" else hints[said]  # (a label)
             assert structured["next"] == hint and hint in text, (said, deduped)
     assert "only you can list" not in a4sx_mcp.SAVED_PUBLIC_NEXT
 
@@ -11652,3 +11652,44 @@ def test_a_cancel_stops_every_scrub_worker_at_once(tmp_path, monkeypatch):
                 proc.kill()
         upload.close()
         a4sx_mcp.SCRUB_POOL.stop()
+
+
+@pytest.mark.parametrize("tool", ["publish_session", "publish_local_session"])
+@pytest.mark.parametrize("first", ["saved", "may_be_stored"])
+def test_the_same_bytes_with_other_options_are_a_save_of_their_own(spawn, stub, token, env, tool, first):
+    """Issue 33: the key binds what the API stores. The same bytes saved again with a label and a parent
+    holding another author's content, after a save without them (finished, or stopped after its upload
+    left: may_be_stored, whose key a save of the same bytes reuses), are a save of their own: its
+    options sent under another Idempotency-Key, untrusted; the same arguments again send the same key
+    as the stopped save did (its stored answer back, no second copy)."""
+    stub.library.append(library_row("lib-theirs", acquired_from={"id": "pub-1"}))
+    sid, _ = claude_session(env, [claude_record("user", "the same bytes twice")])
+    plain = {"transcript": cc_transcript("options-1")} if tool == "publish_session" else {"session": sid}
+    proc = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "30", "A4SX_MCP_LOG": "info"})
+    if first == "saved":
+        assert not proc.tool(tool, plain)[2]
+    else:
+        held = threading.Event()
+        stub.queue("POST /library/push", None, hold=held)
+        proc.send({"jsonrpc": "2.0", "id": 81, "method": "tools/call", "params": {"name": tool, "arguments": plain}})
+        wait_until(lambda: stub.pushes)
+        proc.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 81}})
+        wait_until(lambda: "outcome=may_be_stored" in "".join(proc.stderr))
+        held.set()
+    other, _, is_error = proc.tool(tool, dict(plain, label="mine", parent="lib-theirs"))
+    sent = stub.requests("POST /library/push")
+    assert (sent[1]["query"].get("label"), sent[1]["query"].get("parent")) == ("mine", "lib-theirs")
+    assert sent[1]["headers"]["idempotency-key"] != sent[0]["headers"]["idempotency-key"]
+    if tool == "publish_local_session" and first == "saved":
+        # sent into the entry it was saved to, whose newest version holds these bytes: the a4sx server
+        # keeps that version as it was, and the result never says the label and parent were applied
+        assert not is_error and other["deduped"] is True and other["options_applied"] is False, other
+        assert other["next"] == a4sx_mcp.UNCHANGED_OPTIONS_NEXT and len(stub.pushes) == 1, other
+        return
+    assert not is_error and other["untrusted"] is True and other["deduped"] is False, other
+    assert other["options_applied"] is True and len(stub.pushes) == 2
+    if first == "may_be_stored":  # the same everything again: no second copy of the first upload
+        again, _, is_error = proc.tool(tool, plain)
+        assert not is_error and len(stub.pushes) == 2, again
+        keys = [r["headers"]["idempotency-key"] for r in stub.requests("POST /library/push")]
+        assert tool == "publish_local_session" or keys[2] == keys[0], keys
