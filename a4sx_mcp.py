@@ -3207,7 +3207,7 @@ class ScrubbedUpload:
 
     def __init__(self):
         tempfile = lazy("tempfile")
-        self.folder = None
+        self.folder = self.where = None
         try:
             self.where = tempfile.gettempdir()  # (said when it fails)
             self.folder = tempfile.mkdtemp(prefix="a4sx-mcp-")
@@ -3222,7 +3222,8 @@ class ScrubbedUpload:
         """A ``LocalFailure`` naming the temporary folder and the OS's reason (a full disk: ENOSPC; a file
         size limit, ``ulimit -f``: EFBIG; a folder that cannot be written: EACCES)."""
         return LocalFailure("temp_file_failed", say("The scrubbed upload's temporary file in %s %s (%s)",
-                                                    local_line(self.folder or self.where), what, _os_reason(err)))
+                                                    local_line(self.folder or self.where or "no usable folder"), what,
+                                                    _os_reason(err)))
 
     def write(self, data, scrubbed):
         """``data``, the scrub of ``scrubbed`` bytes of the transcript."""

@@ -6121,6 +6121,21 @@ def test_a_temporary_file_that_cannot_grow_says_where_and_why_and_sends_nothing(
         proc.proc.wait()
 
 
+def test_a_temporary_folder_that_cannot_be_made_says_where_and_why_and_sends_nothing(stub, token, tmp_path,
+                                                                                   monkeypatch):
+    """Issue 33: the scrubbed upload's private folder that cannot be made (the temporary folder is gone
+    or cannot be written) answered ``internal_error``: it says which folder and why; nothing is sent."""
+    import tempfile
+
+    gone = tmp_path / "gone"
+    monkeypatch.setattr(tempfile, "tempdir", str(gone))  # what gettempdir() returns, as a user's TMPDIR was
+    server = InProc(stub.base)
+    failed, text, is_error = server.tool("publish_session", {"transcript": cc_transcript("no-temp")})
+    assert is_error and failed["error"] == "temp_file_failed", failed
+    assert "temporary file in %s could not be made (No such file or directory)" % gone in text, text
+    assert text.endswith("Nothing was sent.") and stub.requests("POST /library/push") == []
+
+
 def _parent_of(pid):
     with open("/proc/%s/stat" % pid, "rb") as f:
         return int(f.read().rsplit(b")", 1)[1].split()[1])
