@@ -3388,11 +3388,10 @@ class RecordsError(Exception):
         self.path, self.why = path, why
 
 
-def records_error(err, sent=False):
-    """The ToolError of a ``RecordsError``: which file, why, and whether anything was sent."""
-    return ToolError("records_unwritable", say("Could not write %s: %s. %s", local_line(err.path), err.why,
-                                               say("The save itself went through.") if sent
-                                               else say("Nothing was sent.")))
+def records_error(err):
+    """The ToolError of a ``RecordsError`` before an upload: which file, why, and that nothing was sent."""
+    return ToolError("records_unwritable", say("Could not write %s: %s. Nothing was sent.", local_line(err.path),
+                                               err.why))
 
 
 class RecordsLock:
@@ -4547,8 +4546,8 @@ def prepare_publish(ctx, held, args, into=None, local=None, also=(False, ())):
                                                     "was sent.", problem))
 
     def each(piece):
-        refuse_long_lines(piece)
         passed(check.lines(piece))
+        refuse_long_lines(piece)
         framing.lines(piece)
         if not lineage_of:  # from the bytes as written, not scrubbed
             lineage_of.extend(found for found in [transcript_session_id(piece, room)] if found)
@@ -4907,6 +4906,11 @@ class Saves:
             if ahead:
                 raise sdk_missing() from None
             log("warning", "could not record what became of a save")
+        except Exception as err:  # noqa: BLE001 - unforeseen: no upload without its record, and none after is lost
+            if ahead:
+                raise ToolError("records_unwritable", say("Could not record this save before its upload (%s). Nothing "
+                                                          "was sent.", plain_name(type(err).__name__))) from None
+            log("warning", "could not record what became of a save")
 
     def result_of(self, save):
         """What a caller of ``save`` gets once it is done: its own Result, or that of the save it joined,
@@ -5088,11 +5092,9 @@ OUTPUT_SCHEMAS = {
         ["status", "source", "max_tokens", "approx_tokens", "truncated", "turns_total", "turns_included", "context"]),
     "publish_session": _output_schema({
         "status": {"const": "saved"}, "visibility": {"enum": ["private", "public"]},
-        "visibility_confirmed": {"type": "boolean", "description": "True when the a4sx server's answer stated the "
-                                 "visibility; false when it did not, and visibility is what was requested"},
-        "deduped": _FLAG, "joined": _FLAG, "options_applied": {"type": "boolean", "description": "false when the "
-                                                               "answer was deduplicated: the title, label and parent "
-                                                               "sent were not applied"},
+        "visibility_confirmed": {"type": "boolean", "description": "false: not in the answer; what was requested"},
+        "deduped": _FLAG, "joined": _FLAG, "options_applied": {"type": "boolean", "description": "false: deduped; "
+                                                                                            "options not applied"},
         "next": _TEXT, "data": _ENVELOPED}, ["status", "visibility", "data"]),
 }
 # A save not done within ANSWER_WITHIN_S answers this (``saving_result``): no author text in it.

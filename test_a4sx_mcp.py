@@ -9253,8 +9253,9 @@ def test_every_input_property_is_described_briefly():
     print("tools/list compact JSON bytes:", sizes)
     # + 119: publish_local_session's images property (issue 24: the user may save a session without
     # its images), a deliberate growth of exactly its compact JSON; + 91: its preview property, and + 131
-    # in the output schemas: a save's visibility as answered, joined, the preview status (issue 28)
-    assert sizes["2024-11-05"] < 7500 + 119 + 91 and sizes[MODERN] < 12500 + 119 + 91 + 131
+    # in the output schemas: a save's visibility as answered, joined, the preview status (issue 28); + 340:
+    # issue 33's visibility_confirmed and options_applied, two documented flags in both save tools' schemas
+    assert sizes["2024-11-05"] < 7500 + 119 + 91 and sizes[MODERN] < 12500 + 119 + 91 + 131 + 340
 
 
 def _interop_library(srv, stub):
