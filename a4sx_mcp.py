@@ -58,7 +58,7 @@ that shows there is no other place, and the test that proves it:
 9. The only other processes are the scrub workers (this file with ``--scrub-worker``, pipes only,
    the ``WORKER_ENV`` variables only); the only files written are the SDK's untrusted-session records
    (``mark_untrusted``), where each local session was saved and what became of each save
-   (``record_saved``), a save's scrubbed upload (``ScrubbedUpload``: a private temporary file, removed
+   (``record_saved``), each one's empty lock file (``RecordsLock``), a save's scrubbed upload (``ScrubbedUpload``: a private temporary file, removed
    when the save ends) and a token file's mode (``read_private``: 0600, never through a symlink).
 10. Nothing buys: no billing or purchase route exists (``ROUTES``), and acquire is sent only a listing's
     id, tenant and version (``tool_acquire_session``); that acquiring never charges is the API's to keep.
