@@ -62,7 +62,7 @@ that shows there is no other place, and the test that proves it:
 9. The only other processes are the scrub workers (this file with ``--scrub-worker``, pipes only,
    the ``WORKER_ENV`` variables only); the only files written are the SDK's untrusted-session records
    (``mark_untrusted``), where each local session was saved and what became of each save
-   (``record_saved``), a save's scrubbed upload (``ScrubbedUpload``: a private temporary file, removed
+   (``record_saved``), each one's empty lock file (``RecordsLock``), a save's scrubbed upload (``ScrubbedUpload``: a private temporary file, removed
    when the save ends) and a token file's mode (``read_private``: 0600, never through a symlink).
 10. Nothing buys: no billing or purchase route exists (``ROUTES``), and acquire is sent only a listing's
     id, tenant and version (``tool_acquire_session``); that acquiring never charges is the API's to keep.
@@ -93,7 +93,8 @@ that shows there is no other place, and the test that proves it:
 
 Run it as ``a4sx-mcp``, ``python -m a4sx_mcp`` or ``python3 a4sx_mcp.py`` (a copied file works as is);
 in a folder you do not trust, as the console script or by the file's full path: the other two find
-the module through the working directory first.
+the module through the working directory first, and ``python -m``'s own machinery may import that
+folder's ``importlib/`` before this file runs.
 """
 
 import os  # os and sys first (built in, already loaded): the working directory leaves sys.path
@@ -160,6 +161,8 @@ LAZY_IMPORTS = {
     "tempfile": "a save's private folder for its scrubbed upload (``ScrubbedUpload``)",
     "ctypes": "glibc's malloc_trim after the first answer and a multi-megabyte call (performance section)",
     "importlib.util": "whether the a4sx SDK is installed (without importing it)",
+    "fcntl": "POSIX: the lock that makes a records file's read-modify-write one at a time (``RecordsLock``)",
+    "msvcrt": "Windows: the same lock (``RecordsLock``)",
     "importlib.metadata": "the a4sx SDK's version, for --check (~40 ms)",
     "a4sx.config": "the SDK's paths, origin rule and private-file writer for its taint records",
     "a4sx.transcript": "the SDK's session id rule for a transcript",
@@ -230,7 +233,8 @@ ENVIRONMENT = (
     ("A4SX_MCP_MAX_PUBLISH_BYTES", "the largest transcript publish_session takes (default 2 MiB)"),
     ("A4SX_UPLOAD_TIMEOUT_S", "a publish upload's deadline (default 120 s + 2 s per MiB up to 30 min; at most 6 h)"),
     ("A4SX_MCP_MAX_LOCAL_BYTES", "the largest local session publish_local_session reads (default 512 MiB)"),
-    ("A4SX_MCP_SCRUB_WORKERS", "scrub processes one save runs (default: the CPUs, at most %d)" % SCRUB_WORKERS_MAX),
+    ("A4SX_MCP_SCRUB_WORKERS", "scrub processes one save runs (default: the CPUs; at most %d, whatever is "
+     "set)" % SCRUB_WORKERS_MAX),
     ("A4SX_MCP_ALL_PROJECTS", "1: publish_local_session's session=<id> may name another project's session "
      "(default: this project's only)"),
     ("A4SX_MCP_NEVER_SAVE", "1: no save from this project: publish_session and publish_local_session refuse "
@@ -428,10 +432,14 @@ def path_problem(path, mode):
 
 
 def _read_config(path):
-    """A config file that names a server (``config.json``, ``amdx.json``), or None when there is none
-    (or it is no JSON). One with a ``_trust_problem`` would choose where a token goes: it raises
-    ``ConfigUntrusted``, and is never passed over for the next file or the public server."""
-    return _read_json(path, "600")
+    """A config file that names a server (``config.json``, ``amdx.json``), or None when there is none.
+    One with a ``_trust_problem``, or there but no JSON object with a text ``base``, would choose where a
+    token goes: it raises ``ConfigUntrusted``, never passed over for the next file or the public server."""
+    data = _read_json(path, "600")
+    if os.path.lexists(path) and not (isinstance(data, dict) and isinstance(data.get("base", ""), str)):
+        raise ConfigUntrusted(say("%s is not a JSON object naming a server (cut short by an edit?): fix it, or run "
+                                  "`uvx a4sx login` again", local_line(path)))
+    return data
 
 
 def _stored_base(folder):
@@ -549,8 +557,8 @@ class Settings:
         self.publish_per_min = _int_setting(env, "A4SX_MCP_PUBLISH_PER_MIN", 10)
         self.max_publish_bytes = _int_setting(env, "A4SX_MCP_MAX_PUBLISH_BYTES", 2 * 1024 * 1024, minimum=1)
         self.max_local_bytes = _int_setting(env, "A4SX_MCP_MAX_LOCAL_BYTES", 512 * 1024 * 1024, minimum=1)
-        self.scrub_workers = _int_setting(env, "A4SX_MCP_SCRUB_WORKERS", min(os.cpu_count() or 1, SCRUB_WORKERS_MAX),
-                                          minimum=1)
+        self.scrub_workers = min(SCRUB_WORKERS_MAX, _int_setting(  # the user's value too: a worker holds ~40 MiB
+            env, "A4SX_MCP_SCRUB_WORKERS", min(os.cpu_count() or 1, SCRUB_WORKERS_MAX), minimum=1))
         self.upload_timeout_s = _int_setting(env, "A4SX_UPLOAD_TIMEOUT_S", 0)
         self.answer_within_s = _int_setting(env, "A4SX_MCP_ANSWER_WITHIN_S", ANSWER_WITHIN_S)
         self.session_roots = session_roots(env)
@@ -1260,6 +1268,12 @@ SAVED_NEXT = ("Saved privately: only you can list and fetch it. Listing it publi
               "step in the a4sx web app.")
 UNCHANGED_NEXT = ("Unchanged: the newest version of this library entry already holds this content, so nothing new "
                   "was stored. It stays private: only you can list and fetch it.")
+UNCHANGED_OPTIONS_NEXT = ("Unchanged: the newest version of this library entry already holds this content, so nothing "
+                          "new was stored, and the title, label and parent given were not applied: the a4sx server "
+                          "keeps the stored version as it was. It stays private: only you can list and fetch it.")
+SAVED_PUBLIC_NEXT = ("Saved, and the a4sx server's answer says this entry is public: others may find and fetch it. "
+                     "This server only asks for the private library: check the entry's visibility in the a4sx web "
+                     "app.")
 PREVIEW_NEXT = ("Nothing was sent. Show the user what would be saved and ask them; if they agree, call "
                 "publish_local_session again with the same arguments without preview: it uploads what was scrubbed "
                 "here, if the session has not changed since.")
@@ -1268,8 +1282,8 @@ PREVIEW_NEXT = ("Nothing was sent. Show the user what would be saved and ask the
 RESUME_NEXT = ("It is a Claude Code session: to continue it in a terminal, run `a4sx resume <library_id>` with this "
                "result's library id.")
 ACQUIRED_RESUME_NEXT = ACQUIRED_NEXT + " " + RESUME_NEXT
-NEXT_STEPS = (MORE_RESULTS, ACQUIRED_NEXT, NEVER_BUYS, SAVED_NEXT, UNCHANGED_NEXT, PREVIEW_NEXT, RESUME_NEXT,
-              ACQUIRED_RESUME_NEXT)
+NEXT_STEPS = (MORE_RESULTS, ACQUIRED_NEXT, NEVER_BUYS, SAVED_NEXT, UNCHANGED_NEXT, UNCHANGED_OPTIONS_NEXT,
+              SAVED_PUBLIC_NEXT, PREVIEW_NEXT, RESUME_NEXT, ACQUIRED_RESUME_NEXT)
 OTHER_AUTHOR_CAUTION = "CAUTION: this content was written by ANOTHER author"  # the taint rule finds it too
 ELLIPSIS = "\u2026"
 
@@ -1385,9 +1399,10 @@ def structured_notice(nonce, untrusted, framed_field):
 # The only fields a JSON result's structured copy carries beside its envelope, and the only strings
 # they may hold (anything else stays inside the envelope): flags, counts and this file's own words.
 SERVER_FIELDS = ("untrusted", "status", "scope", "source", "visibility", "total", "truncated", "deduped",
-                 "next_offset", "next", "max_tokens", "approx_tokens", "turns_total", "turns_included", "joined")
+                 "next_offset", "next", "max_tokens", "approx_tokens", "turns_total", "turns_included", "joined",
+                 "visibility_confirmed", "options_applied")
 SERVER_WORDS = frozenset(("ok", "public", "library", "marketplace", "acquired", "payment_required", "saved",
-                          "private", "not_a_session", "private (requested)", "preview", "local"))
+                          "private", "not_a_session", "preview", "local"))
 
 
 def server_value(key, value):
@@ -2448,12 +2463,16 @@ def read_session(session, cap, prefix=0):
     complete = _hashed(handle, status.st_size, prefix)
 
     def pieces():
+        """The bytes hashed, read again: the file that shrank or was replaced meanwhile (its bytes no
+        longer those hashed, counted and reported) stops the save after the scrub, before its upload
+        (``session_changed``)."""
         with handle:
-            left, partial = complete[0], []
+            left, partial, read = complete[0], [], lazy("hashlib").sha256()
             while left > 0:
                 chunk = handle.read(min(READ_BYTES, left))
                 if not chunk:
-                    return
+                    break
+                read.update(chunk)
                 left -= len(chunk)
                 end = chunk.rfind(b"\n") + 1
                 if end:
@@ -2461,6 +2480,10 @@ def read_session(session, cap, prefix=0):
                     partial = [chunk[end:]]
                 else:  # a line longer than a read
                     partial.append(chunk)
+            if left or read.hexdigest() != complete[2]:
+                raise ToolError("session_changed", say("The session file changed while it was read (it shrank or "
+                                                       "was replaced); nothing was sent. Save it again once it is "
+                                                       "written."))
     transcript = Transcript(status.st_size, pieces(), handle)
     transcript.complete, transcript.lines, transcript.sha256, transcript.prefix_sha256 = complete
     return transcript
@@ -3112,6 +3135,24 @@ class SdkMissing(Exception):
     pass
 
 
+class LocalFailure(Exception):
+    """A step on this machine failed before anything was sent (a scrub process that could not start or
+    died, the upload's temporary file): ``code`` and ``why`` (Words), for ``local_failure``."""
+
+    def __init__(self, code, why):
+        super().__init__(why)
+        self.code, self.why = code, why
+
+
+def local_failure(err):
+    return ToolError(err.code, say("%s. Nothing was sent.", err.why))
+
+
+def _os_reason(err):
+    """The OS's words for a failed call (``No space left on device``), or the error's name."""
+    return local_line(err.strerror or type(err).__name__, 120)
+
+
 def sdk_module(name):
     """``a4sx.<name>``, imported on first use only. ``a4sx.scrub`` costs ~230 ms of regex compiling,
     which no handshake and no read should wait for: ``a4sx.sdk`` imports it, so the records below
@@ -3151,6 +3192,25 @@ WORKER_IDLE_S = 300
 # costs more per byte the longer its text (on one core here: 1.5 us a byte in 4 KiB batches, 2.0 in
 # 32 KiB, 5.4 in 1 MiB), and a worker's peak is ~40 MiB plus ~20x its batch.
 SCRUB_BATCH_BYTES = 32 * KiB
+# A line longer than a batch is a batch of its own, and its worker's peak grows with it (issue 33: one
+# pasted 60 MiB image in one line took the server and its workers to 415 MiB; 16 MiB: 247 MiB): a longer
+# line is refused before anything is scrubbed, so a save stays within README's 256 MiB.
+SCRUB_LINE_MAX_BYTES = 12 * MiB
+
+
+def refuse_long_lines(piece):
+    """``line_too_long`` when a line of ``piece`` (which holds a long line whole) exceeds SCRUB_LINE_MAX_BYTES."""
+    start = 0
+    while len(piece) > SCRUB_LINE_MAX_BYTES and start < len(piece):
+        end = piece.find(b"\n", start)
+        end = len(piece) if end < 0 else end
+        if end - start > SCRUB_LINE_MAX_BYTES:
+            raise ToolError("line_too_long", say("A line of this session is %s, longer than the %s a line may be "
+                                                 "to be scrubbed within the server's memory bound. If it is a pasted "
+                                                 "image, save the session without images (images: \"placeholder\"); "
+                                                 "else save it with the a4sx CLI. Nothing was sent.",
+                                                 _size(end - start), _size(SCRUB_LINE_MAX_BYTES)))
+        start = end + 1
 
 
 def scrub_worker_main():
@@ -3332,15 +3392,27 @@ class ScrubWorker:
         """Starts the process; ``ready`` waits for it."""
         subprocess = lazy("subprocess")
         script = os.path.abspath(__file__)
-        self.proc = subprocess.Popen([sys.executable, script, "--scrub-worker"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True,
-                                     env=worker_environment(os.environ))
+        try:
+            self.proc = subprocess.Popen([sys.executable, script, "--scrub-worker"], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True,
+                                         env=worker_environment(os.environ))
+        except OSError as err:
+            raise LocalFailure("scrub_failed", say("A scrub process could not be started (%s)",
+                                                   _os_reason(err))) from None
 
     def ready(self):
-        hello = json.loads(self.proc.stdout.readline() or b"{}")
-        if not hello.get("ready"):
+        """Waits for the worker's hello: ``SdkMissing`` only when it says the SDK is missing; a worker
+        that died or said anything else could not start."""
+        try:
+            hello = json.loads(self.proc.stdout.readline() or b"{}")
+        except ValueError:
+            hello = {}
+        if not isinstance(hello, dict) or not hello.get("ready"):
             self.stop()
-            raise SdkMissing()
+            if isinstance(hello, dict) and hello.get("error") == "sdk_missing":
+                raise SdkMissing()
+            raise LocalFailure("scrub_failed", say("A scrub process exited as it started, before it could scrub "
+                                                   "(the a4sx SDK is installed: see the server's stderr)"))
         self.batches, self.used = hello.get("batches") is True, time.monotonic()
 
     def alive(self):
@@ -3423,27 +3495,45 @@ class ScrubbedUpload:
 
     def __init__(self):
         tempfile = lazy("tempfile")
-        self.folder = tempfile.mkdtemp(prefix="a4sx-mcp-")
+        self.folder = self.where = None
         try:
+            self.where = tempfile.gettempdir()  # (said when it fails)
+            self.folder = tempfile.mkdtemp(prefix="a4sx-mcp-")
             self.file = tempfile.TemporaryFile(dir=self.folder)
+        except OSError as err:
+            raise self._failure(err, say("could not be made")) from None
         finally:
             self._remove_folder()
         self.size, self.scrubbed, self.digest = 0, 0, lazy("hashlib").sha256()
 
+    def _failure(self, err, what):
+        """A ``LocalFailure`` naming the temporary folder and the OS's reason (a full disk: ENOSPC; a file
+        size limit, ``ulimit -f``: EFBIG; a folder that cannot be written: EACCES)."""
+        return LocalFailure("temp_file_failed", say("The scrubbed upload's temporary file in %s %s (%s)",
+                                                    local_line(self.folder or self.where or "no usable folder"), what,
+                                                    _os_reason(err)))
+
     def write(self, data, scrubbed):
         """``data``, the scrub of ``scrubbed`` bytes of the transcript."""
-        self.file.write(data)
+        try:
+            self.file.write(data)
+        except OSError as err:
+            raise self._failure(err, say("could not grow")) from None
         self.digest.update(data)
         self.size += len(data)
         self.scrubbed += scrubbed
 
     def content_sha(self):
-        self.file.flush()
+        try:
+            self.file.flush()
+        except OSError as err:
+            raise self._failure(err, say("could not grow")) from None
         return self.digest.hexdigest()
 
     def _remove_folder(self):
         try:
-            os.rmdir(self.folder)
+            if self.folder is not None:
+                os.rmdir(self.folder)
         except OSError:
             pass  # Windows: the file is in it until closed
 
@@ -3496,7 +3586,8 @@ def scrub_transcript(transcript, each, texts, cancel, workers, upload):
     except (OSError, ValueError, KeyError, TypeError):
         if cancel.is_set():
             raise Cancelled() from None
-        raise
+        raise LocalFailure("scrub_failed", say("A scrub process stopped or answered short in the middle of the "
+                                               "scrub")) from None
     finally:
         cancel.hook(kill, add=False)
         SCRUB_POOL.release(leased, failed)
@@ -3633,7 +3724,81 @@ def transcript_session_id(data, room=None):
 # does: ``lineage/<session id>.json`` and ``untrusted.json``, ``{origin: [collection ids]}``) with
 # its own paths, origin rule and private-file writer from ``a4sx.config``: ``a4sx.sdk`` would import
 # the scrub rules, which these records do not need.
-_records_lock = threading.Lock()
+_records_lock = threading.Lock()  # this process's threads; ``RecordsLock`` adds every other process's
+RECORDS_LOCK_WAIT_S = 10  # a read-modify-write takes milliseconds: a lock held longer is a stuck process
+
+
+class RecordsError(Exception):
+    """A records file that cannot be read, locked or written: ``path`` and ``why`` (Words)."""
+
+    def __init__(self, path, why):
+        super().__init__(why)
+        self.path, self.why = path, why
+
+
+def records_error(err):
+    """The ToolError of a ``RecordsError`` before an upload: which file, why, and that nothing was sent."""
+    return ToolError("records_unwritable", say("Could not write %s: %s. Nothing was sent.", local_line(err.path),
+                                               err.why))
+
+
+class RecordsLock:
+    """``with RecordsLock(name):`` one read-modify-write of the records file ``name`` at a time, for
+    every thread and every server process of this user: an exclusive OS lock on ``<name>.lock`` beside
+    it (POSIX ``flock``, Windows ``msvcrt.locking``), which the OS drops when the process ends however
+    it ends (a kill too), so no stale lock is ever left. Waits at most RECORDS_LOCK_WAIT_S, then raises
+    ``RecordsError`` naming the lock file."""
+
+    def __init__(self, name):
+        self.path = os.path.join(sdk_module("config").config_dir(), name + ".lock")
+        self.fd = None
+
+    def __enter__(self):
+        _records_lock.acquire()
+        try:
+            self.fd = self._take()
+        except BaseException:
+            _records_lock.release()
+            raise
+        return self
+
+    def _take(self):
+        try:
+            os.makedirs(os.path.dirname(self.path), 0o700, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        except OSError as err:
+            raise RecordsError(self.path, say("its lock file cannot be opened (%s)", _os_reason(err))) from None
+        deadline = time.monotonic() + RECORDS_LOCK_WAIT_S
+        while True:
+            try:
+                if os.name == "nt":
+                    msvcrt = lazy("msvcrt")
+                    msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+                else:
+                    fcntl = lazy("fcntl")
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except OSError as err:
+                busy = os.name == "nt" or isinstance(err, BlockingIOError)
+                if not busy or time.monotonic() > deadline:
+                    os.close(fd)
+                    why = (say("another a4sx-mcp process held its lock for %d s", RECORDS_LOCK_WAIT_S) if busy
+                           else say("its lock file cannot be locked (%s)", _os_reason(err)))
+                    raise RecordsError(self.path, why) from None
+            time.sleep(0.01)
+
+    def __exit__(self, *exc):
+        try:
+            if os.name == "nt":
+                msvcrt = lazy("msvcrt")
+                msvcrt.locking(self.fd, msvcrt.LK_UNLCK, 1)
+            else:
+                fcntl = lazy("fcntl")
+                fcntl.flock(self.fd, fcntl.LOCK_UN)
+        finally:
+            os.close(self.fd)  # (closing drops the lock too)
+            self.fd = None
+            _records_lock.release()
 
 
 def _record_name(session_id):
@@ -3649,21 +3814,43 @@ def read_lineage(session_id):
     return data if isinstance(data, dict) else None
 
 
-def _record_file(name):
-    """A records file of the SDK's config dir: ``{}`` when absent, None when it is there but is no
-    JSON object (it is then never overwritten: a write would lose the records it holds)."""
-    path = os.path.join(sdk_module("config").config_dir(), name)
+def _record_file(name, folder=None):
+    """A records file of the SDK's config dir (or ``folder``): ``{}`` when absent, None when it is there
+    but is no JSON object (it is then never overwritten: a write would lose the records it holds)."""
+    path = os.path.join(folder or sdk_module("config").config_dir(), name)
     if not os.path.lexists(path):
         return {}
     data = _read_json(path)
     return data if isinstance(data, dict) else None
 
 
+def damaged_record_file(name, folder=None):
+    """Why a records file that is there cannot be used (Words), or None: it is then never overwritten
+    and no save uploads (its write-ahead could not be recorded): ``records_error``, ``--check``."""
+    if _record_file(name, folder) is None:
+        return say("it is there but is not a JSON object that can be read (cut short by an edit?); it is never "
+                   "overwritten: fix it, or move it away to start a new one")
+    return None
+
+
 def _writable_record_file(name):
+    """The records file ``name`` to change (under its ``RecordsLock``), or ``RecordsError``."""
+    path = os.path.join(sdk_module("config").config_dir(), name)
     data = _record_file(name)
     if data is None:
-        raise OSError("%s is not a JSON object: not overwritten" % name)
+        raise RecordsError(path, damaged_record_file(name) or say("it changed while it was read"))
     return data
+
+
+def _write_record_file(name, data, **dump):
+    """The records file ``name``, written whole (the SDK's ``write_private``: a temporary file renamed
+    into place, 0600), or ``RecordsError``."""
+    config = sdk_module("config")
+    path = os.path.join(config.config_dir(), name)
+    try:
+        config.write_private(path, json.dumps(data, indent=2, **dump) + "\n")
+    except OSError as err:
+        raise RecordsError(path, say("it cannot be written (%s)", _os_reason(err))) from None
 
 
 def marked_untrusted(base):
@@ -3673,16 +3860,16 @@ def marked_untrusted(base):
 
 
 def mark_untrusted(base, collection):
+    """Adds ``collection`` to the SDK's untrusted registry (under its ``RecordsLock``)."""
     config = sdk_module("config")
-    with _records_lock:  # (one process; the SDK and other servers write it without this lock)
+    with RecordsLock("untrusted.json"):  # (the SDK itself writes it without this lock)
         registry = _writable_record_file("untrusted.json")
         origin = config.normalize_base_url(base)
         ids = registry.get(origin)
         ids = [cid for cid in ids if isinstance(cid, str)] if isinstance(ids, list) else []
         if collection not in ids:
             registry[origin] = ids + [collection]
-            config.write_private(os.path.join(config.config_dir(), "untrusted.json"),
-                                 json.dumps(registry, indent=2) + "\n")
+            _write_record_file("untrusted.json", registry)
 
 
 # Where each local session was saved (this file's own record, beside the SDK's, written the same way).
@@ -3725,9 +3912,11 @@ def saves_known(base):
 
 def record_saved(base, key, collection):
     """Remembers where a local session was saved, so saving it again adds a version there (and, under
-    ``ended:<save_id>``, what became of a save: ``Saves.record``; those older than ENDED_KEEP_S go)."""
+    ``ended:<save_id>``, what became of a save: ``Saves.record``; those older than ENDED_KEEP_S go).
+    One read-modify-write under the ``RecordsLock``: no other server's record is lost. ``RecordsError``
+    when it cannot be written."""
     config = sdk_module("config")
-    with _records_lock:
+    with RecordsLock(SAVED_SESSIONS_FILE):
         entries = _writable_record_file(SAVED_SESSIONS_FILE)
         origin = config.normalize_base_url(base)
         mine = entries.get(origin) if isinstance(entries.get(origin), dict) else {}
@@ -3736,8 +3925,7 @@ def record_saved(base, key, collection):
             mine = {k: v for k, v in mine.items() if not (k.startswith("ended:") and str(
                 v.get("at") if isinstance(v, dict) else "") < old)}
             entries[origin] = dict(mine, **{key: collection})
-            config.write_private(os.path.join(config.config_dir(), SAVED_SESSIONS_FILE),
-                                 json.dumps(entries, indent=2, sort_keys=True) + "\n")
+            _write_record_file(SAVED_SESSIONS_FILE, entries, sort_keys=True)
 
 
 # =============================================================================================
@@ -4528,8 +4716,9 @@ def save_options(args):
 
 def saved_result(result):
     """A save's result (``fields`` kept, so a save that joined it can say so: ``Saves.result_of``)."""
-    out = json_result(result, result["untrusted"], "saved", hint_next=UNCHANGED_NEXT if result["deduped"]
-                      else SAVED_NEXT)
+    hint = (SAVED_PUBLIC_NEXT if result["visibility"] == "public" else UNCHANGED_OPTIONS_NEXT if result.get(
+        "options_applied") is False else UNCHANGED_NEXT if result["deduped"] else SAVED_NEXT)  # as the answer says
+    out = json_result(result, result["untrusted"], "saved", hint_next=hint)
     out.fields = result
     return out
 
@@ -4649,7 +4838,7 @@ def previewed(ctx, prep, local):
     report = prep.report
     return {"status": "preview", "sent": False, "untrusted": bool(why), "untrusted_because": why,
             "would_save_as": "new_version" if entry else "new_entry", "library_id": entry, "parent": prep.parent,
-            "visibility": "private (requested)", "bytes_to_upload": prep.size,
+            "visibility": "private", "visibility_confirmed": False, "bytes_to_upload": prep.size,
             "client_redactions": {"lines_changed": report["lines_changed"], "rules": report["rules"],
                                   "title_and_label": prep.text_redactions},
             "local_session": local}
@@ -4772,6 +4961,7 @@ def prepare_publish(ctx, held, args, into=None, local=None, also=(False, ())):
 
     def each(piece):
         passed(check.lines(piece))
+        refuse_long_lines(piece)
         framing.lines(piece)
         if not lineage_of:  # from the bytes as written, not scrubbed
             lineage_of.extend(found for found in [transcript_session_id(piece, room)] if found)
@@ -4822,12 +5012,13 @@ def send_prepared(ctx, prep):
         except Exception:  # noqa: BLE001 - the upload stands: its result must reach the model
             log("warning", "could not record the untrusted marker locally")
     report = prep.report
-    result = {"status": "saved", "visibility": visibility_of(body), "library_id": collection,
+    result = {"status": "saved", **visibility_of(body), "library_id": collection,
               "version": body.get("version"), "deduped": body.get("deduped") is True,
               "server_redactions": body.get("redactions"),
               "client_redactions": {"lines_changed": report["lines_changed"], "rules": report["rules"],
                                     "title_and_label": prep.text_redactions},
-              "untrusted": untrusted, "parent": prep.parent}
+              "untrusted": untrusted, "parent": prep.parent, "options_applied": not (  # deduped: kept as it was
+                  body.get("deduped") is True and any(prep.params.get(k) for k in ("title", "label", "parent")))}
     if prep.local is not None:  # publish_local_session says where the save went, as the answer says it
         into = prep.into
         result["saved_as"] = saved_as(body, into, collection)
@@ -4860,9 +5051,11 @@ def unsettled_key(ctx, content_sha):
 
 
 def visibility_of(body):
-    """The visibility the push's answer states, else ``private (requested)``: this server sent it only to
-    the private library route, and the answer (as the spec has it) does not say."""
-    return body["visibility"] if body.get("visibility") in ("private", "public") else "private (requested)"
+    """``visibility``: what the push's answer states, else ``private``, what was asked for (this server
+    sent it only to the private library route, and the answer, as the spec has it, does not say); and
+    ``visibility_confirmed``, which tells the two apart (the hosted vocabulary stays in ``visibility``)."""
+    stated = body.get("visibility") in ("private", "public")
+    return {"visibility": body["visibility"] if stated else "private", "visibility_confirmed": stated}
 
 
 def upload_key(caller_key, content_sha, params):
@@ -5055,8 +5248,10 @@ SAVE_POLL_S = 0.2
 
 # A save stopped (a cancel, tasks/cancel, a signal, stdin closing) after an upload attempt left: the
 # library may hold it, so the caller is sent to look, never to upload the same bytes again blind.
-MAY_BE_STORED = say("This save was stopped after its upload had started: your library may hold it. Check with "
-                    "search_sessions (scope \"library\") before saving this session again.")
+MAY_BE_STORED = say("This save was stopped after its upload had started, so whether it was stored is unknown: your "
+                    "library may hold it. To check, call search_sessions with scope \"library\". Saving again with "
+                    "the same arguments while the session is unchanged is safe: the same upload key is sent, so the "
+                    "a4sx server answers with the stored upload rather than storing it twice.")
 NOTHING_SENT = say("This save was stopped before anything was sent: the call that started it was cancelled, or "
                    "the server stopped. Call the tool again to save.")
 
@@ -5064,8 +5259,10 @@ NOTHING_SENT = say("This save was stopped before anything was sent: the call tha
 # first one written before the first byte of its upload left (``Saves.sending``).
 ENDED_SAVE = {
     "may_be_stored": say("This save's upload had started when its server last recorded it (then the server or "
-                         "the call was stopped): your library may hold it. Check with search_sessions (scope "
-                         "\"library\") before saving this session again."),
+                         "the call was stopped), so whether it was stored is unknown: your library may hold it. To "
+                         "check, call search_sessions with scope \"library\". Saving again with the same arguments "
+                         "while the session is unchanged is safe: the same upload key is sent, so the a4sx server "
+                         "answers with the stored upload rather than storing it twice."),
     "saved": say("This save finished: it is in your private library (search_sessions scope=library)."),
     "failed": say("This save's upload was refused by the a4sx server: nothing was stored. Call "
                   "publish_local_session again to save."),
@@ -5151,6 +5348,8 @@ class Saves:
             result = error_result(ToolError("may_be_stored", MAY_BE_STORED)) if save.sent else None
         except ToolError as err:
             result = error_result(err)
+        except LocalFailure as err:  # a step on this machine (the scrub processes, the upload's file)
+            result = error_result(local_failure(err))
         except Exception as err:  # noqa: BLE001 - never leak a traceback, never die
             log("warning", "tool=%s internal error (%s)" % (plain_name(save.name), type(err).__name__))
             result = error_result(ToolError("internal_error", say("internal error")))
@@ -5190,16 +5389,29 @@ class Saves:
             if save.cancel.is_set():
                 raise Cancelled()
             if not save.sent:
+                self.record(save, "may_be_stored", ahead=True)  # no record, no upload: it raises
                 save.sent = True
-                self.record(save, "may_be_stored")
 
-    def record(self, save, outcome):
-        """``saved-sessions.json``'s ``ended:<save_id>``: what became of ``save``, for a later server."""
+    def record(self, save, outcome, ahead=False):
+        """``saved-sessions.json``'s ``ended:<save_id>``: what became of ``save``, for a later server.
+        The write-ahead (``ahead``) that cannot be written stops the save before anything is sent
+        (``records_error``); a later outcome that cannot is logged (the result says what happened)."""
         try:
             record_saved(self.server.settings.base, "ended:" + save.id, dict(save.upload, **{
                 "outcome": outcome, "session": save.key or "", "at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                                     time.gmtime())}))
-        except Exception:  # noqa: BLE001 - the save goes on; the result still says what happened
+        except RecordsError as err:
+            if ahead:
+                raise records_error(err) from None
+            log("warning", "could not record what became of a save")
+        except SdkMissing:
+            if ahead:
+                raise sdk_missing() from None
+            log("warning", "could not record what became of a save")
+        except Exception as err:  # noqa: BLE001 - unforeseen: no upload without its record, and none after is lost
+            if ahead:
+                raise ToolError("records_unwritable", say("Could not record this save before its upload (%s). Nothing "
+                                                          "was sent.", plain_name(type(err).__name__))) from None
             log("warning", "could not record what became of a save")
 
     def result_of(self, save):
@@ -5382,8 +5594,11 @@ OUTPUT_SCHEMAS = {
         "truncated": _FLAG, "turns_total": _COUNT, "turns_included": _COUNT, "next": _TEXT, "context": _TEXT},
         ["status", "source", "max_tokens", "approx_tokens", "truncated", "turns_total", "turns_included", "context"]),
     "publish_session": _output_schema({
-        "status": {"const": "saved"}, "visibility": {"enum": ["private", "public", "private (requested)"]},
-        "deduped": _FLAG, "joined": _FLAG, "next": _TEXT, "data": _ENVELOPED}, ["status", "visibility", "data"]),
+        "status": {"const": "saved"}, "visibility": {"enum": ["private", "public"]},
+        "visibility_confirmed": {"type": "boolean", "description": "false: not in the answer; what was requested"},
+        "deduped": _FLAG, "joined": _FLAG, "options_applied": {"type": "boolean", "description": "false: deduped; "
+                                                                                            "options not applied"},
+        "next": _TEXT, "data": _ENVELOPED}, ["status", "visibility", "data"]),
 }
 # A save not done within ANSWER_WITHIN_S answers this (``saving_result``): no author text in it.
 OUTPUT_SCHEMAS["publish_session"]["anyOf"].append({  # beside them: stage (Words), elapsed_s (a count)
@@ -6495,6 +6710,10 @@ def run_check(settings):
                % (per_min(settings.per_min), per_min(settings.acquire_per_min), per_min(settings.publish_per_min),
                   settings.max_publish_bytes))
     out.append("config dir: %s" % settings.config_dir)
+    for name in ("untrusted.json", SAVED_SESSIONS_FILE):  # a damaged one stops every save before its upload
+        damaged = damaged_record_file(name, settings.config_dir)
+        if damaged:
+            fixes.append("%s: %s" % (os.path.join(settings.config_dir, name), damaged))
     sessions = local_sessions(settings.session_roots)
     for harness, name in (("claude-code", "Claude Code"), ("codex-cli", "Codex CLI")):
         readers = "publish_local_session and list_local_sessions"

@@ -240,8 +240,8 @@ def token(env, stub):
 class McpProcess:
     """A server process and a line-oriented JSON-RPC client over its pipes."""
 
-    def __init__(self, args=(), base=None, extra_env=None):
-        cmd = [sys.executable, SERVER] + (["--base", base] if base else []) + list(args)
+    def __init__(self, args=(), base=None, extra_env=None, python_args=()):
+        cmd = [sys.executable] + list(python_args) + [SERVER] + (["--base", base] if base else []) + list(args)
         environ = dict(os.environ, **(extra_env or {}))
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      env=environ)
@@ -1597,7 +1597,7 @@ REVIEW_SEARCHES = {
          {"_glibc", "sdk_available"})],
     2: [(r"os\.environ\b|os\.environb|getenv|expandvars", {"environment", "ScrubWorker._start"}),
         (r"\bopen\(|fdopen\(|scandir|listdir", {"_read_json", "read_private", "_entries", "open_below", "_opened",
-                                                "file_digest_line", "trusts_nothing"}),
+                                                "file_digest_line", "trusts_nothing", "RecordsLock._take"}),
         (r"_read_json\(", {"_read_json", "_read_config", "read_lineage", "_record_file"})],
     3: [(r"\.base\b[^=(]*= ", {"Settings.__init__", "Api.__init__"}),
         (r"find_token\(|Authorization", {"Settings.find_token", "Api.send", "ToolContext.token", "sign_in_status"}),
@@ -1620,8 +1620,8 @@ REVIEW_SEARCHES = {
     9: [(r'lazy\("subprocess"\)|write_private|fchmod|os\.(system|popen|fork|exec\w*|spawn\w*|replace|rename|remove|'
          r'unlink|mkdir|makedirs|rmdir|truncate|chmod|chown|symlink|link|utime)\b|O_CREAT|O_WRONLY|O_RDWR|shutil|tempfile|'
          r'write_text|write_bytes|libc\.',
-         {"<module>", "ScrubWorker._start", "ScrubbedUpload.__init__", "ScrubbedUpload._remove_folder", "mark_untrusted",
-          "record_saved", "read_private", "_glibc", "release_memory"})],
+         {"<module>", "ScrubWorker._start", "ScrubbedUpload.__init__", "ScrubbedUpload._remove_folder", "RecordsLock._take",
+          "_write_record_file", "read_private", "_glibc", "release_memory"})],
     10: [(r'Route\("', {"<module>"}), (r'"acquire"', {"<module>", "tool_acquire_session"})],
     12: [(r"file_digest_line\(", {"file_digest_line", "main"})],
     11: [(r"sys\.(__)?stdout|print\(|os\.write\(", {"scrub_worker_main", "serve", "run_check", "main"}),
@@ -1647,6 +1647,7 @@ REVIEW_SEARCHES = {
          (r"local_line\(|echoed_name\(", {"echoed_name", "local_line", "_trust_problem", "read_private", "_read_json",
                                             "Settings.login_hint", "Settings.__init__", "_network_reason", "network_error",
                                             "not_signed_in", "read_session", "validate", "sdk_missing", "push_with_retries",
+                                            "records_error", "_os_reason", "_read_config", "ScrubbedUpload._failure",
                                             "read_resource", "_prompt_args", "complete", "Server.handle_message",
                                             "Server.handle_request", "Server.handle_modern", "Server.dispatch"}),
          (r'\bsay\("([^"\\]|\\.)*"\s*[%+.]', set()),
@@ -2283,6 +2284,35 @@ def test_an_untrusted_config_json_is_refused_loudly_never_passed_over(stub, env)
     assert a4sx_mcp.resolve_base() == ("https://chosen.example", "config.json")
 
 
+@pytest.mark.parametrize("content", ['{"base": "https://chosen.exa', "[]", "", '{"base": 8080}'])
+def test_an_unparseable_config_json_is_refused_loudly_never_passed_over(stub, env, content):
+    """Issue 33 review: a config.json cut short by an edit (or no JSON object) was read as absent, so
+    the public server (or amdx.json's) silently got the search text and the uploads; now it is refused
+    like an untrusted one: every call that needs the server answers config_untrusted naming the file,
+    nothing is sent, and --check says no server is used."""
+    stub.tokens.add(sign_in(env, stub.base))
+    (env["cfg"] / "amdx.json").write_text(json.dumps({"base": stub.base}))  # the next file: usable
+    os.chmod(str(env["cfg"] / "amdx.json"), 0o600)
+    config = env["cfg"] / "config.json"
+    config.write_text(content)
+    os.chmod(str(config), 0o600)
+    proc = McpProcess()  # no --base: the stored sign-in chooses
+    try:
+        assert "result" in proc.initialize()
+        refused, text, is_error = proc.tool("search_sessions", {"query": "anything"})
+        assert is_error and refused["error"] == "config_untrusted", refused
+        why = "is not a JSON object naming a server"
+        assert "%s %s" % (config, why) in text and "Nothing was sent" in text, text
+    finally:
+        proc.proc.kill()
+        proc.proc.wait()
+    assert stub.requests() == []
+    done = run_check(None)
+    assert done.returncode == 1 and "server:     none" in done.stdout and why in done.stdout, done.stdout
+    with pytest.raises(a4sx_mcp.ConfigUntrusted):
+        a4sx_mcp.resolve_base()
+
+
 def test_env_token_only_for_its_own_origin(spawn, stub, monkeypatch):
     token = make_token()
     stub.tokens.add(token)
@@ -2329,20 +2359,492 @@ def test_an_unusable_amdx_json_sends_the_session_token_nowhere(env):
 
 
 def test_a_records_file_that_cannot_be_read_is_never_overwritten(spawn, stub, token, env):
-    """Found by the issue 16 review: an untrusted.json (or saved-sessions.json) that is not a JSON
-    object is left as it is (a rewrite would lose its records); the save still answers, untrusted."""
+    """Found by the issue 16 review: an untrusted.json that is not a JSON object is left as it is (a
+    rewrite would lose its records); the save still answers, untrusted, and --check says it loudly."""
     records = env["cfg"] / "untrusted.json"
     records.write_text('{"truncated": ["lib-1", ')
-    sid, _ = claude_session(env, [claude_record("user", "x")])
-    (env["cfg"] / "saved-sessions.json").write_text("[]")
     proc = spawn()
     saved, _, is_error = proc.tool("publish_session", {"transcript": (TESTDATA / "claude-code-2.1.332-tainted.jsonl")
                                                        .read_text()})
     assert not is_error and saved["untrusted"] is True, saved
     assert records.read_text() == '{"truncated": ["lib-1", '
-    saved, _, is_error = local_save(proc, {"session": sid})
-    assert not is_error and saved["saved_as"] == "new_entry", saved
-    assert (env["cfg"] / "saved-sessions.json").read_text() == "[]"
+    check = subprocess.run([sys.executable, SERVER, "--check", "--base", stub.base], capture_output=True, text=True,
+                           timeout=60)
+    assert check.returncode == 1 and "to fix: %s: it is there but is not a JSON object" % records in check.stdout
+
+
+@pytest.mark.parametrize("tool", ["publish_session", "publish_local_session"])
+@pytest.mark.parametrize("damage", ["not_an_object", "cut_short", "lock_unopenable"])
+def test_no_upload_without_its_write_ahead_record(spawn, stub, token, env, tool, damage):
+    """Issue 33: when saved-sessions.json cannot take the save's write-ahead record (there but not a
+    JSON object, or its lock file cannot be opened), the save stops before its upload with an error
+    naming the file and why, nothing is sent, and the file is left as it was; both save tools."""
+    records = env["cfg"] / "saved-sessions.json"
+    if damage == "lock_unopenable":
+        (env["cfg"] / "saved-sessions.json.lock").mkdir()
+        path, why = env["cfg"] / "saved-sessions.json.lock", "its lock file cannot be opened"
+    else:
+        records.write_text("[]" if damage == "not_an_object" else '{"http://x": {"ended:1": ')
+        path, why = records, "it is there but is not a JSON object"
+    before = records.read_bytes() if records.exists() else None
+    sid, _ = claude_session(env, [claude_record("user", "x")])
+    proc = spawn()
+    if tool == "publish_session":
+        failed, text, is_error = proc.tool(tool, {"transcript": (TESTDATA / "claude-code-2.1.332-plain.jsonl").read_text()})
+    else:
+        failed, text, is_error = local_save(proc, {"session": sid})
+    assert is_error and failed["error"] == "records_unwritable", failed
+    assert "Could not write %s: %s" % (path, why) in text and text.endswith("Nothing was sent."), text
+    assert stub.requests("POST /library/push") == []
+    assert (records.read_bytes() if records.exists() else None) == before
+
+
+def test_a_server_killed_holding_the_records_lock_leaves_no_stale_lock(env, monkeypatch):
+    """Issue 33: the records lock is the OS's: another process holding it makes a write wait at most
+    RECORDS_LOCK_WAIT_S, then fail naming the lock file; a holder killed mid-write (kill -9) drops it
+    at once, and the next write goes through."""
+    with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
+        assert "held the lock for %d s" % a4sx_mcp.RECORDS_LOCK_WAIT_S in " ".join(f.read().split())
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, a4sx_mcp\n"
+                               "with a4sx_mcp.RecordsLock(a4sx_mcp.SAVED_SESSIONS_FILE):\n"
+                               "    print('held', flush=True); sys.stdin.read()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=HERE)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        monkeypatch.setattr(a4sx_mcp, "RECORDS_LOCK_WAIT_S", 0.3)
+        with pytest.raises(a4sx_mcp.RecordsError) as err:
+            a4sx_mcp.record_saved("http://127.0.0.1:1", "claude-code:s", "lib-1")
+        assert err.value.path == str(env["cfg"] / "saved-sessions.json.lock")
+        assert "another a4sx-mcp process held its lock" in err.value.why
+        assert not (env["cfg"] / "saved-sessions.json").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    a4sx_mcp.record_saved("http://127.0.0.1:1", "claude-code:s", "lib-1")
+    assert json.loads((env["cfg"] / "saved-sessions.json").read_text()) == {"http://127.0.0.1:1": {
+        "claude-code:s": "lib-1"}}
+
+
+@POSIX_CONFIG_DIR
+def test_the_config_directory_is_the_sdk_s_rule(spawn, stub, env, monkeypatch):
+    """Issue 16: one rule for the config directory, the a4sx SDK's (it and the CLI write the files
+    there): an XDG_CONFIG_HOME that is not absolute as written (" /x") is ignored by both, so the
+    sign-in `a4sx login` stored in ~/.config/a4sx is found and the taint records go beside it."""
+    from a4sx import config as sdk_config
+
+    monkeypatch.delenv("A4SX_CONFIG_DIR")
+    for value in (" /some/dir", "/some/dir", "relative/dir", "", "/some/dir "):
+        monkeypatch.setenv("XDG_CONFIG_HOME", value)
+        assert a4sx_mcp.config_dir(a4sx_mcp.environment()) == sdk_config.config_dir(), repr(value)
+    monkeypatch.setenv("XDG_CONFIG_HOME", " " + str(env["home"] / "xdg"))
+    stored = env["home"] / ".config" / "a4sx"
+    stored.mkdir(parents=True)
+    os.chmod(stored, 0o700)
+    tok = make_token()
+    (stored / "credentials.json").write_text(json.dumps({stub.base: tok}))
+    os.chmod(stored / "credentials.json", 0o600)
+    stub.tokens.add(tok)
+    structured, _, is_error = spawn().tool("search_sessions", {"scope": "library"})
+    assert not is_error, structured
+
+
+def test_check_names_the_file_that_chose_the_server(stub, env):
+    """Issue 16: a server chosen by amdx.json (the older script's) is reported as amdx.json's."""
+    (env["cfg"] / "amdx.json").write_text(json.dumps({"base": stub.base}))
+    os.chmod(env["cfg"] / "amdx.json", 0o600)
+    out = run_check(None).stdout
+    assert "server:     %s (from %s, written by the standalone a4sx script)" % (stub.base, env["cfg"] / "amdx.json") in out
+
+
+def test_redirect_to_another_origin_is_not_followed(mcp, stub, token):
+    other = Stub()
+    try:
+        stub.queue("GET /library/sessions", 302, redirect=other.base + "/library/sessions")
+        structured, _, is_error = mcp.tool("search_sessions", {"scope": "library"})
+        assert is_error and structured["status"] == 302
+        stub.queue("GET /memory/discover", 307, redirect=other.base + "/memory/discover")
+        assert mcp.tool("search_sessions", {})[2] is True
+        assert other.requests() == []
+        stub.listings["l-1"] = listing("l-1")
+        stub.queue("GET /memory/discover", 302, redirect=stub.base + "/memory/discover?q=l-1")
+        assert mcp.tool("search_sessions", {})[0]["items"][0]["id"] == "l-1"  # same origin: followed
+        stub.queue("GET /library/sessions", 302, redirect=stub.base + "/library/sessions?again=1")
+        structured, _, _ = mcp.tool("search_sessions", {"scope": "library"})
+        followed = stub.requests("GET /library/sessions")[-1]  # the token never rides a redirect
+        assert followed["query"] == {"again": "1"} and "authorization" not in followed["headers"]
+        assert structured["error"] == "credential_not_accepted"
+    finally:
+        other.stop()
+
+
+def test_the_token_never_appears_in_any_output_even_at_debug(spawn, stub, token):
+    proc = spawn(extra_env={"A4SX_MCP_LOG": "debug"})
+    stub.listings["l-1"] = listing("l-1")
+    stub.library[:] = [library_row("s")]
+    stub.bundles["s"] = bundle("s", {"transcript.jsonl": claude_jsonl([claude_record("user", token)])})
+    proc.tool("search_sessions", {"query": "secret query text"})
+    proc.tool("search_sessions", {"scope": "library"})
+    proc.tool("acquire_session", {"id": "l-1"})
+    proc.tool("fetch_session_context", {"id": "s"})
+    proc.tool("publish_session", {"transcript": cc_transcript(), "title": "my title"})
+    stub.queue("GET /library/sessions", 401, {})
+    assert proc.tool("search_sessions", {"scope": "library"})[0]["error"] == "credential_not_accepted"
+    proc.close()
+    output = proc.all_output()
+    assert "tool=search_sessions outcome=ok" in output and "tool=publish_session outcome=saved" in output
+    assert "secret query text" not in output and "my title" not in output and token[8:] not in output.replace(
+        json.dumps(token)[1:-1], "") or token not in "".join(proc.stderr)
+    assert token not in "".join(proc.stderr)
+    for request in stub.requests():
+        if request["route"] in ("GET /memory/discover", "GET /memory/discover/item"):
+            assert "authorization" not in request["headers"]
+        assert token not in json.dumps(request["query"]) and token.encode() not in request["body"] or \
+            request["route"] == "POST /library/push"
+
+
+@POSIX_MODES
+def test_token_files_and_the_config_dir_are_trusted_like_ssh(spawn, stub, env, tmp_path):
+    """Issue 11, finding 4: no chmod through a symlink; a token file or config directory another
+    user could write is refused with the command that fixes it, and --check reports it."""
+    token = sign_in(env, stub.base)
+    stub.tokens.add(token)
+    creds, cfg = env["cfg"] / "credentials.json", env["cfg"]
+    os.chmod(cfg, 0o700)
+    proc = spawn()
+
+    def library():
+        return proc.tool("search_sessions", {"scope": "library"})
+
+    def refused(path, why):
+        structured, text, is_error = library()
+        assert is_error and structured["error"] == "config_untrusted", text
+        assert structured["message"] == "The a4sx sign-in was not used: %s %s. Nothing was sent." % (path, why)
+        assert text == "a4sx error config_untrusted: " + structured["message"], text
+        done = run_check(stub.base)
+        assert done.returncode == 1 and "sign-in:    refused" in done.stdout and "to fix: %s %s" % (path, why) in done.stdout, done.stdout
+
+    os.chmod(creds, 0o644)  # a regular file readable by others goes back to 0600 and is used
+    assert not library()[2] and creds.stat().st_mode & 0o777 == 0o600
+    os.chmod(creds, 0o611)  # execute bits are not write bits (the directory's are needed to enter it)
+    os.chmod(cfg, 0o711)
+    assert not library()[2] and creds.stat().st_mode & 0o777 == 0o600
+    target = tmp_path / "elsewhere.json"  # a symlink: its target is never changed, and is refused until fixed
+    target.write_text(creds.read_text())
+    os.chmod(target, 0o644)
+    creds.unlink()
+    creds.symlink_to(target)
+    refused(creds, "(a symlink) is readable by group or others: run `chmod 600 %s`" % target)
+    assert target.stat().st_mode & 0o777 == 0o644
+    os.chmod(target, 0o600)
+    assert not library()[2]  # a private file behind a symlink is used
+    creds.unlink()
+    creds.write_text(json.dumps({stub.base: token}))
+    os.chmod(creds, 0o620)  # writable by the group
+    refused(creds, "is writable by group or others: run `chmod 600 %s`" % creds)
+    assert creds.stat().st_mode & 0o777 == 0o620
+    os.chmod(creds, 0o600)
+    os.chmod(cfg, 0o777)  # the directory writable by others: any file in it could be replaced
+    refused(cfg, "is writable by group or others: run `chmod 700 %s`" % cfg)
+    os.chmod(cfg, 0o700)
+    if os.getuid() == 0:  # owned by another user (only root can set that up)
+        os.chown(creds, 65534, 65534)
+        refused(creds, "is owned by another user: if it is yours, run `sudo chown 0 %s`" % creds)
+        os.chown(creds, 0, 0)
+        os.chown(cfg, 65534, 65534)
+        refused(cfg, "is owned by another user: if it is yours, run `sudo chown 0 %s`" % cfg)
+        os.chown(cfg, 0, 0)
+    assert not library()[2]
+    sent = [r for r in stub.requests() if r["headers"].get("authorization")]
+    assert len(sent) == 4  # the four calls that were allowed; none while refused
+
+
+def test_no_code_from_the_working_directory(stub, token, tmp_path):
+    """Issue 11, finding 5: started in a project folder holding an `a4sx` package and stdlib-named
+    modules, none of them runs, however it is started, also at the first library call and a save.
+    Issue 33: `python -m`'s own machinery (runpy) imports `importlib` and its parts before this file
+    runs, with the working directory first, unless the installation loaded them at start (a `.pth`
+    file does): a folder's `importlib/` package runs then, which README says; the scripts run none of
+    it on every Python. What is asserted holds on every Python and installation."""
+    ran = tmp_path / "ran.txt"
+    plant = "open(%r, 'a').write(__name__ + '\\n')\n" % str(ran)
+    stub.library[:] = [library_row("own")]
+    stub.bundles["own"] = bundle("own", {"transcript.jsonl": claude_jsonl([claude_record("user", "hi")])})
+    messages = [{"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                 "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}},
+                {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                 "params": {"name": "search_sessions", "arguments": {"scope": "library"}}},
+                {"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+                 "params": {"name": "fetch_session_context", "arguments": {"id": "own"}}},
+                {"jsonrpc": "2.0", "id": 4, "method": "tools/call",
+                 "params": {"name": "publish_session", "arguments": {"transcript": cc_transcript("p-1")}}}]
+    runpy_imports = {"importlib", "importlib.util", "importlib.machinery"}
+    plants = {"modules": ("a4sx/__init__.py", "json.py", "ipaddress.py", "uuid.py", "shlex.py", "__future__.py",
+                          "ssl.py", "hashlib.py", "subprocess.py", "runpy.py"),
+              "importlib": ("importlib/__init__.py", "importlib/util.py", "importlib/machinery.py")}
+    for kind, names in plants.items():
+        project = tmp_path / kind
+        for name in names:
+            (project / name).parent.mkdir(parents=True, exist_ok=True)
+            (project / name).write_text(plant)
+        # python -m from the project folder, and a copy of the file in it run as a script from there
+        (project / "a4sx_mcp.py").write_text(open(SERVER, encoding="utf-8").read())
+        for cmd in ([sys.executable, "-m", "a4sx_mcp"], [sys.executable, str(project / "a4sx_mcp.py")],
+                    [sys.executable, "a4sx_mcp.py"]):
+            done = subprocess.run(cmd + ["--base", stub.base], cwd=project, timeout=60,
+                                  input="".join(json.dumps(m) + "\n" for m in messages).encode(), capture_output=True)
+            names_ran = set(ran.read_text().split()) if ran.exists() else set()
+            if ran.exists():
+                ran.unlink()
+            if kind == "importlib" and "-m" in cmd and names_ran:  # runpy imported the folder's importlib
+                assert names_ran <= runpy_imports, names_ran
+                continue
+            assert not names_ran, (cmd, names_ran)
+            answers = {m["id"]: m for m in map(json.loads, done.stdout.splitlines())}
+            assert sorted(answers) == [1, 2, 3, 4], (cmd, done.stderr)
+            assert not any(answers[i]["result"]["isError"] for i in (2, 3, 4)), answers
+    with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
+        readme = " ".join(f.read().split())
+    assert ("`python -m a4sx_mcp` is the exception, and it is not safe in a folder you do not trust" in readme
+            and "that folder's `a4sx_mcp.py` or `importlib/` package runs" in readme)
+
+
+# ---------------------------------------------------------------------------------------------
+# The token: only ever to the server it is stored for
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_token_stored_for_another_server_is_never_sent(mcp, stub, env):
+    sign_in(env, "https://session-exchange.com")
+    sign_in(env, "http://127.0.0.1:1")
+    structured, text, _ = mcp.tool("search_sessions", {"scope": "library"})
+    assert structured["error"] == "not_signed_in" and "session-exchange.com" not in text
+    assert stub.requests() == []
+
+
+@pytest.mark.skipif(os.name != "posix", reason="FIFOs and modes are POSIX")
+def test_a_config_file_is_checked_on_the_descriptor_it_is_read_through(env):
+    """``_read_config`` (issue 16 walk A): the file that chooses the server is opened once and its
+    checks run on that descriptor: a FIFO is refused without waiting for a writer, a file another
+    user could write is refused (issue 28: never passed over for the public server), a symlink to a
+    private file is read."""
+    config = env["cfg"] / "config.json"
+    os.mkfifo(str(config))
+    started = time.monotonic()
+    with pytest.raises(a4sx_mcp.ConfigUntrusted, match="config.json is not a regular file"):
+        a4sx_mcp.resolve_base(None)
+    assert time.monotonic() - started < 5
+    config.unlink()
+    target = env["cfg"] / "real-config.json"
+    target.write_text(json.dumps({"base": "https://linked.example"}))
+    target.chmod(0o600)
+    config.symlink_to(target)
+    assert a4sx_mcp.resolve_base(None) == ("https://linked.example", "config.json")
+    target.chmod(0o620)
+    with pytest.raises(a4sx_mcp.ConfigUntrusted, match="config.json is writable by group or others"):
+        a4sx_mcp.resolve_base(None)
+
+
+@POSIX_MODES
+def test_config_files_that_choose_the_server_are_trusted_like_the_token_files(env):
+    """Second timed review: the older script's ``session`` token went to the public server when its
+    ``amdx.json`` named an unusable base; a ``config.json``/``amdx.json`` another user could write
+    chose where a token goes. In process: no network is involved."""
+    token = make_token()
+    (env["cfg"] / "session").write_text(token + "\n")
+    os.chmod(env["cfg"] / "session", 0o600)
+    for base in ("http://10.0.0.5", "ftp://x.example", "https://"):
+        (env["cfg"] / "amdx.json").write_text(json.dumps({"base": base}))
+        os.chmod(env["cfg"] / "amdx.json", 0o600)
+        assert a4sx_mcp.Settings(a4sx_mcp.PUBLIC_BASE).find_token() == (None, None), base
+    (env["cfg"] / "amdx.json").write_text(json.dumps({}))  # no base: the public server, as the script did
+    assert a4sx_mcp.Settings(a4sx_mcp.PUBLIC_BASE).find_token() == (token, "session file")
+    (env["cfg"] / "config.json").write_text(json.dumps({"base": "https://chosen.example"}))
+    for mode, chosen in ((0o600, True), (0o644, True), (0o620, False), (0o602, False)):
+        os.chmod(env["cfg"] / "config.json", mode)
+        if chosen:
+            assert a4sx_mcp.resolve_base() == ("https://chosen.example", "config.json"), oct(mode)
+        else:
+            with pytest.raises(a4sx_mcp.ConfigUntrusted, match="config.json is writable by group or others"):
+                a4sx_mcp.resolve_base()
+    done = run_check("http://127.0.0.1:9")  # --base chooses: config.json is not needed, only reported
+    assert "config.json is writable by group or others" in done.stdout and "ignored until then" in done.stdout
+
+
+@pytest.mark.skipif(os.name != "posix", reason="modes are POSIX")
+def test_an_untrusted_config_json_is_refused_loudly_never_passed_over(stub, env):
+    """Issue 28 review: a config.json another user could write was ignored like an absent one, so
+    amdx.json (or the public server) silently chose where the token went; only --check said so. Now
+    stderr says it at start, every call that needs the server answers config_untrusted naming the file,
+    nothing is sent, and --check says no server is used."""
+    stub.tokens.add(sign_in(env, stub.base))
+    (env["cfg"] / "amdx.json").write_text(json.dumps({"base": stub.base}))  # the next file: trusted
+    os.chmod(str(env["cfg"] / "amdx.json"), 0o600)
+    config = env["cfg"] / "config.json"
+    config.write_text(json.dumps({"base": "https://chosen.example"}))
+    os.chmod(str(config), 0o620)
+    proc = McpProcess()  # no --base: the stored sign-in chooses
+    try:
+        assert "result" in proc.initialize()
+        for arguments in ({"scope": "library"}, {"query": "anything"}):
+            refused, text, is_error = proc.tool("search_sessions", arguments)
+            assert is_error and refused["error"] == "config_untrusted", refused
+            assert "config.json is writable by group or others" in text and "Nothing was sent" in text, text
+        deadline = time.monotonic() + 10
+        while "config.json" not in "".join(proc.stderr) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "no a4sx server is used until this is fixed" in "".join(proc.stderr), proc.stderr
+        assert "config.json is writable by group or others" in "".join(proc.stderr), proc.stderr
+    finally:
+        proc.proc.kill()
+        proc.proc.wait()
+    assert stub.requests() == []
+    done = run_check(None)
+    assert done.returncode == 1 and "server:     none" in done.stdout and "answers:    not asked" in done.stdout
+    assert done.stdout.count("config.json is writable by group or others") == 1, done.stdout
+    os.chmod(str(config), 0o600)  # fixed: it chooses again
+    assert a4sx_mcp.resolve_base() == ("https://chosen.example", "config.json")
+
+
+@pytest.mark.parametrize("content", ['{"base": "https://chosen.exa', "[]", "", '{"base": 8080}'])
+def test_an_unparseable_config_json_is_refused_loudly_never_passed_over(stub, env, content):
+    """Issue 33 review: a config.json cut short by an edit (or no JSON object) was read as absent, so
+    the public server (or amdx.json's) silently got the search text and the uploads; now it is refused
+    like an untrusted one: every call that needs the server answers config_untrusted naming the file,
+    nothing is sent, and --check says no server is used."""
+    stub.tokens.add(sign_in(env, stub.base))
+    (env["cfg"] / "amdx.json").write_text(json.dumps({"base": stub.base}))  # the next file: usable
+    os.chmod(str(env["cfg"] / "amdx.json"), 0o600)
+    config = env["cfg"] / "config.json"
+    config.write_text(content)
+    os.chmod(str(config), 0o600)
+    proc = McpProcess()  # no --base: the stored sign-in chooses
+    try:
+        assert "result" in proc.initialize()
+        refused, text, is_error = proc.tool("search_sessions", {"query": "anything"})
+        assert is_error and refused["error"] == "config_untrusted", refused
+        why = "is not a JSON object naming a server"
+        assert "%s %s" % (config, why) in text and "Nothing was sent" in text, text
+    finally:
+        proc.proc.kill()
+        proc.proc.wait()
+    assert stub.requests() == []
+    done = run_check(None)
+    assert done.returncode == 1 and "server:     none" in done.stdout and why in done.stdout, done.stdout
+    with pytest.raises(a4sx_mcp.ConfigUntrusted):
+        a4sx_mcp.resolve_base()
+
+
+def test_env_token_only_for_its_own_origin(spawn, stub, monkeypatch):
+    token = make_token()
+    stub.tokens.add(token)
+    proc = spawn(extra_env={"A4SX_SESSION": token, "A4SX_BASE": stub.base})  # not its origin: default public
+    assert proc.tool("search_sessions", {"scope": "library"})[0]["error"] == "not_signed_in"
+    proc = spawn(extra_env={"A4SX_SESSION": token, "A4SX_SESSION_BASE": stub.base + "/"})
+    assert proc.tool("search_sessions", {"scope": "library"})[2] is False
+    assert stub.requests("GET /library/sessions")[-1]["headers"]["authorization"] == "Bearer " + token
+
+
+@POSIX_MODES
+def test_legacy_session_file_only_for_its_server(spawn, stub, env):
+    token = make_token()
+    stub.tokens.add(token)
+    (env["cfg"] / "session").write_text(token + "\n")
+    os.chmod(env["cfg"] / "session", 0o644)
+    proc = spawn()
+    assert proc.tool("search_sessions", {"scope": "library"})[0]["error"] == "not_signed_in"
+    (env["cfg"] / "amdx.json").write_text(json.dumps({"base": stub.base}))
+    assert proc.tool("search_sessions", {"scope": "library"})[2] is False
+    assert oct(os.stat(env["cfg"] / "session").st_mode & 0o777) == "0o600"  # tightened when read
+
+
+@POSIX_MODES
+def test_an_unusable_amdx_json_sends_the_session_token_nowhere(env):
+    """Found by the issue 16 review: an amdx.json that is there but cannot be used (another user could
+    write it, not a JSON object, a base that is no origin) must not make the older script's token,
+    issued by the server it names, go to the public server."""
+    token = make_token()
+    (env["cfg"] / "session").write_text(token + "\n")
+    os.chmod(env["cfg"] / "session", 0o600)
+    amdx = env["cfg"] / "amdx.json"
+    public = a4sx_mcp.Settings(a4sx_mcp.PUBLIC_BASE)
+    assert public.find_token() == (token, "session file")  # no amdx.json: the public server's
+    for content, mode in ((json.dumps({"base": "https://corp.example"}), 0o664), ("{not json", 0o600),
+                          (json.dumps(["https://corp.example"]), 0o600), (json.dumps({"base": 7}), 0o600),
+                          (json.dumps({"base": "ftp://corp.example"}), 0o600)):
+        amdx.write_text(content)
+        os.chmod(amdx, mode)
+        assert public.find_token() == (None, None), content
+    for content in (json.dumps({}), json.dumps({"base": ""}), json.dumps({"base": a4sx_mcp.PUBLIC_BASE})):
+        amdx.write_text(content)
+        assert public.find_token() == (token, "session file"), content
+
+
+def test_a_records_file_that_cannot_be_read_is_never_overwritten(spawn, stub, token, env):
+    """Found by the issue 16 review: an untrusted.json that is not a JSON object is left as it is (a
+    rewrite would lose its records); the save still answers, untrusted, and --check says it loudly."""
+    records = env["cfg"] / "untrusted.json"
+    records.write_text('{"truncated": ["lib-1", ')
+    proc = spawn()
+    saved, _, is_error = proc.tool("publish_session", {"transcript": (TESTDATA / "claude-code-2.1.332-tainted.jsonl")
+                                                       .read_text()})
+    assert not is_error and saved["untrusted"] is True, saved
+    assert records.read_text() == '{"truncated": ["lib-1", '
+    check = subprocess.run([sys.executable, SERVER, "--check", "--base", stub.base], capture_output=True, text=True,
+                           timeout=60)
+    assert check.returncode == 1 and "to fix: %s: it is there but is not a JSON object" % records in check.stdout
+
+
+@pytest.mark.parametrize("tool", ["publish_session", "publish_local_session"])
+@pytest.mark.parametrize("damage", ["not_an_object", "cut_short", "lock_unopenable"])
+def test_no_upload_without_its_write_ahead_record(spawn, stub, token, env, tool, damage):
+    """Issue 33: when saved-sessions.json cannot take the save's write-ahead record (there but not a
+    JSON object, or its lock file cannot be opened), the save stops before its upload with an error
+    naming the file and why, nothing is sent, and the file is left as it was; both save tools."""
+    records = env["cfg"] / "saved-sessions.json"
+    if damage == "lock_unopenable":
+        (env["cfg"] / "saved-sessions.json.lock").mkdir()
+        path, why = env["cfg"] / "saved-sessions.json.lock", "its lock file cannot be opened"
+    else:
+        records.write_text("[]" if damage == "not_an_object" else '{"http://x": {"ended:1": ')
+        path, why = records, "it is there but is not a JSON object"
+    before = records.read_bytes() if records.exists() else None
+    sid, _ = claude_session(env, [claude_record("user", "x")])
+    proc = spawn()
+    if tool == "publish_session":
+        failed, text, is_error = proc.tool(tool, {"transcript": (TESTDATA / "claude-code-2.1.332-plain.jsonl").read_text()})
+    else:
+        failed, text, is_error = local_save(proc, {"session": sid})
+    assert is_error and failed["error"] == "records_unwritable", failed
+    assert "Could not write %s: %s" % (path, why) in text and text.endswith("Nothing was sent."), text
+    assert stub.requests("POST /library/push") == []
+    assert (records.read_bytes() if records.exists() else None) == before
+
+
+def test_a_server_killed_holding_the_records_lock_leaves_no_stale_lock(env, monkeypatch):
+    """Issue 33: the records lock is the OS's: another process holding it makes a write wait at most
+    RECORDS_LOCK_WAIT_S, then fail naming the lock file; a holder killed mid-write (kill -9) drops it
+    at once, and the next write goes through."""
+    with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
+        assert "held the lock for %d s" % a4sx_mcp.RECORDS_LOCK_WAIT_S in " ".join(f.read().split())
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, a4sx_mcp\n"
+                               "with a4sx_mcp.RecordsLock(a4sx_mcp.SAVED_SESSIONS_FILE):\n"
+                               "    print('held', flush=True); sys.stdin.read()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=HERE)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        monkeypatch.setattr(a4sx_mcp, "RECORDS_LOCK_WAIT_S", 0.3)
+        with pytest.raises(a4sx_mcp.RecordsError) as err:
+            a4sx_mcp.record_saved("http://127.0.0.1:1", "claude-code:s", "lib-1")
+        assert err.value.path == str(env["cfg"] / "saved-sessions.json.lock")
+        assert "another a4sx-mcp process held its lock" in err.value.why
+        assert not (env["cfg"] / "saved-sessions.json").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    a4sx_mcp.record_saved("http://127.0.0.1:1", "claude-code:s", "lib-1")
+    assert json.loads((env["cfg"] / "saved-sessions.json").read_text()) == {"http://127.0.0.1:1": {
+        "claude-code:s": "lib-1"}}
 
 
 @POSIX_CONFIG_DIR
@@ -5313,19 +5815,28 @@ def test_publish_scrubs_and_saves_privately(mcp, stub, token):
     assert push["query"]["client_scrub"] == "full" and push["query"]["label"] == "my-work"
     assert mail not in push["query"]["title"] and "visibility" not in push["query"]
     # the push's answer says no visibility (as the spec has it): the result says what was requested
-    assert structured["status"] == "saved" and structured["visibility"] == "private (requested)"
+    assert structured["status"] == "saved" and structured["visibility"] == "private"
+    assert structured["visibility_confirmed"] is False
     assert structured["library_id"] and structured["deduped"] is False and structured["untrusted"] is False
     assert structured["client_redactions"]["lines_changed"] == 1
     assert structured["client_redactions"]["title_and_label"] >= 1
     assert sum(structured["client_redactions"]["rules"].values()) >= 2
     assert "private" in structured["next"].lower() and "review" in structured["next"]
     assert key not in text and mail not in text
-    # the visibility is the answer's own when it states one (a word of this file's), never a constant
+    # the visibility is the answer's own when it states one (the hosted server's words only), never a
+    # constant, and so is the hint beside it (issue 33: "only you can list" after an answer saying public)
+    hints = {"private": a4sx_mcp.SAVED_NEXT, "public": a4sx_mcp.SAVED_PUBLIC_NEXT, "secret-ish": a4sx_mcp.SAVED_NEXT}
     for said in ("private", "public", "secret-ish"):
-        stub.queue("POST /library/push", 201, {"collection": "lib-vis", "version": "1", "deduped": False,
-                                               "visibility": said})
-        structured, _, is_error = mcp.tool("publish_session", {"transcript": transcript, "label": said})
-        assert not is_error and structured["visibility"] == {"secret-ish": "private (requested)"}.get(said, said)
+        for deduped in (False, True):
+            stub.queue("POST /library/push", 201, {"collection": "lib-vis", "version": "1", "deduped": deduped,
+                                                   "visibility": said})
+            structured, text, is_error = mcp.tool("publish_session", {"transcript": transcript, "label": said,
+                                                                      "title": str(deduped)})
+            assert not is_error and structured["visibility"] == {"secret-ish": "private"}.get(said, said)
+            assert structured["visibility_confirmed"] is (said != "secret-ish")
+            hint = a4sx_mcp.UNCHANGED_OPTIONS_NEXT if deduped and said != "public" else hints[said]  # (a label)
+            assert structured["next"] == hint and hint in text, (said, deduped)
+    assert "only you can list" not in a4sx_mcp.SAVED_PUBLIC_NEXT
 
 
 def test_the_sdk_scrub_passes_over_a_secret_right_after_a_data_image_prefix(mcp, stub, token):
@@ -5797,6 +6308,121 @@ def test_without_the_sdk_reads_work_and_publish_refuses(spawn, stub, token, with
     assert stub.requests("POST /library/push") == [] and stub.requests("POST /library/ensure") == []
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts the server's children in /proc")
+def test_scrub_workers_are_clamped_to_the_maximum_whatever_the_user_sets(spawn, stub, token):
+    """Issue 33: ``A4SX_MCP_SCRUB_WORKERS=1000`` ran 20 to 39 workers at once for a 0.6 MiB session (only
+    the default was capped): a save runs at most SCRUB_WORKERS_MAX, and README and --check say so."""
+    proc = spawn(extra_env={"A4SX_MCP_SCRUB_WORKERS": "1000"})
+    records = [claude_record("user", "turn %d %s" % (n, "p" * 200), session_id="w-1") for n in range(3000)]
+    transcript = write_transcript(records)  # ~0.7 MiB: more batches (32 KiB) than the maximum
+    assert len(transcript) // a4sx_mcp.SCRUB_BATCH_BYTES > a4sx_mcp.SCRUB_WORKERS_MAX
+    structured, _, is_error = proc.tool("publish_session", {"transcript": transcript}, timeout=120)
+    assert not is_error, structured
+    workers = [pid for pid in os.listdir("/proc") if pid.isdigit() and _safe_parent(pid) == proc.proc.pid]
+    assert len(workers) == a4sx_mcp.SCRUB_WORKERS_MAX, workers  # (idle workers stay WORKER_IDLE_S)
+    with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
+        assert "at most %d, whatever it is set to" % a4sx_mcp.SCRUB_WORKERS_MAX in f.read()
+    check = run_check(stub.base, {"A4SX_MCP_SCRUB_WORKERS": "1000"})
+    assert "at most %d, whatever is set" % a4sx_mcp.SCRUB_WORKERS_MAX in check.stdout
+
+
+# What a scrub worker does instead of its job, put in its way by a sitecustomize (the worker inherits
+# PYTHONPATH: WORKER_ENV) that acts only in a ``--scrub-worker`` process; the guard stays installed.
+WORKER_FAULTS = {
+    "dies_at_start": "import os\nos._exit(3)\n",
+    "says_garbage": "import os\nos.write(1, b'Traceback (most recent call last):\\n')\nos._exit(1)\n",
+    "cuts_its_reply": (
+        "import os, types\n"
+        "class _Cut:\n"
+        "    def __init__(self, real):\n"
+        "        self.real = real\n"
+        "    def write(self, data):\n"
+        "        if data.startswith(b'{\"report\"'):  # a reply: its header announces more than is sent\n"
+        "            self.real.write(data[:len(data) - 10])\n"
+        "            self.real.flush()\n"
+        "            os._exit(1)\n"
+        "        return self.real.write(data)\n"
+        "    def flush(self):\n"
+        "        self.real.flush()\n"
+        "sys.stdout = types.SimpleNamespace(buffer=_Cut(sys.stdout.buffer))\n"),
+}
+
+
+def faulty_worker_env(tmp_path, guard_dir, fault):
+    folder = tmp_path / ("worker-" + fault)
+    folder.mkdir()
+    code = "import sys\nif '--scrub-worker' in sys.argv:\n" + "".join(
+        "    " + line + "\n" for line in WORKER_FAULTS[fault].splitlines())
+    code += "exec(compile(open(%r).read(), 'guard', 'exec'))\n" % str(pathlib.Path(guard_dir) / "sitecustomize.py")
+    (folder / "sitecustomize.py").write_text(code)
+    return {"PYTHONPATH": os.pathsep.join([str(folder), guard_dir, HERE])}
+
+
+@pytest.mark.parametrize("fault", sorted(WORKER_FAULTS))
+@pytest.mark.parametrize("tool", ["publish_session", "publish_local_session"])
+def test_a_scrub_worker_that_dies_says_so_and_sends_nothing(spawn, stub, token, env, tmp_path, guard_dir, fault,
+                                                            tool):
+    """Issue 33: a scrub worker that exits as it starts (or says something else than its hello) was
+    reported as ``sdk_missing`` with the SDK installed; one whose reply is shorter than it announced
+    (it died mid-write) must never be uploaded cut. Both: ``scrub_failed``, its cause, "Nothing was
+    sent.", no push; for both save tools. One batch (every line holds "-----", where no batch is cut):
+    the cut reply is the whole upload, so accepting it would save a truncated transcript."""
+    records = [claude_record("user", "turn %d ----- %s" % (n, "q" * 1500), session_id="w-2") for n in range(100)]
+    proc = spawn(extra_env=faulty_worker_env(tmp_path, guard_dir, fault))
+    if tool == "publish_session":
+        transcript = write_transcript(records)
+        assert len(transcript) > a4sx_mcp.INPROCESS_SCRUB_BYTES
+        failed, text, is_error = proc.tool(tool, {"transcript": transcript}, timeout=60)
+    else:
+        sid, _ = claude_session(env, records)
+        failed, text, is_error = local_save(proc, {"session": sid}, timeout=60)
+    assert is_error and failed["error"] == "scrub_failed", failed
+    assert "pip install" not in text and text.endswith("Nothing was sent."), text
+    assert ("answered short" if fault == "cuts_its_reply" else "exited as it started") in text, text
+    assert stub.requests("POST /library/push") == []
+    proc.close()
+
+
+@pytest.mark.skipif(os.name != "posix", reason="a file size limit (RLIMIT_FSIZE) is POSIX")
+@pytest.mark.parametrize("size", [40 * 1024, 400 * 1024])  # scrubbed in this process, and by the workers
+def test_a_temporary_file_that_cannot_grow_says_where_and_why_and_sends_nothing(stub, token, env, tmp_path, size):
+    """Issue 33: the scrubbed upload's temporary file that cannot grow (a full disk; here a file size
+    limit, ``ulimit -f``) answered ``internal_error: internal error``: it says which folder, the OS's
+    reason and that nothing was sent."""
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    limit = 16 * 1024
+    wrapper = ("import os, resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (%d, %d)); "
+               "os.execv(sys.executable, [sys.executable] + sys.argv[1:])" % (limit, limit))
+    proc = McpProcess(base=stub.base, extra_env={"TMPDIR": str(temp)}, python_args=["-c", wrapper])
+    try:
+        assert "result" in proc.initialize()
+        records = [claude_record("user", "turn %d %s" % (n, "r" * 900), session_id="t-1") for n in range(size // 1000)]
+        failed, text, is_error = proc.tool("publish_session", {"transcript": write_transcript(records)}, timeout=60)
+        assert is_error and failed["error"] == "temp_file_failed", failed
+        assert "temporary file in %s" % temp in text and "could not grow (File too large)" in text, text
+        assert text.endswith("Nothing was sent."), text
+        assert stub.requests("POST /library/push") == []
+    finally:
+        proc.proc.kill()
+        proc.proc.wait()
+
+
+def test_a_temporary_folder_that_cannot_be_made_says_where_and_why_and_sends_nothing(stub, token, tmp_path,
+                                                                                   monkeypatch):
+    """Issue 33: the scrubbed upload's private folder that cannot be made (the temporary folder is gone
+    or cannot be written) answered ``internal_error``: it says which folder and why; nothing is sent."""
+    import tempfile
+
+    gone = tmp_path / "gone"
+    monkeypatch.setattr(tempfile, "tempdir", str(gone))  # what gettempdir() returns, as a user's TMPDIR was
+    server = InProc(stub.base)
+    failed, text, is_error = server.tool("publish_session", {"transcript": cc_transcript("no-temp")})
+    assert is_error and failed["error"] == "temp_file_failed", failed
+    assert "temporary file in %s could not be made (No such file or directory)" % gone in text, text
+    assert text.endswith("Nothing was sent.") and stub.requests("POST /library/push") == []
+
+
 def _parent_of(pid):
     with open("/proc/%s/stat" % pid, "rb") as f:
         return int(f.read().rsplit(b")", 1)[1].split()[1])
@@ -5903,7 +6529,7 @@ def test_publish_refuses_files_that_are_not_transcripts_and_scrubs_smuggled_secr
                                    claude_record("assistant", "noted", session_id="f-1")])
     structured, _, is_error = mcp.tool("publish_session", {"transcript": transcript, "title": "keys " + aws,
                                                            "visibility": "private"})
-    assert not is_error and structured["visibility"] == "private (requested)"
+    assert not is_error and structured["visibility"] == "private" and structured["visibility_confirmed"] is False
     push = stub.requests("POST /library/push")[0]
     assert b"b3BlbnNzaC1rZXktdjEAAAAABG5vbmU" not in push["body"] and b"wJalrXUtnFEMI" not in push["body"]
     assert "wJalrXUtnFEMI" not in json.dumps(push["query"]) and "visibility" not in push["query"]
@@ -6660,7 +7286,7 @@ def test_local_session_cancel_mid_scrub_sends_nothing_and_progress_keeps_coming(
     sid, _ = claude_session(env, turns)
     temp = tmp_path / "temp"
     temp.mkdir()
-    proc = spawn(extra_env={"TMPDIR": str(temp), "A4SX_MCP_SCRUB_WORKERS": "2"})
+    proc = spawn(extra_env={"TMPDIR": str(temp), "A4SX_MCP_SCRUB_WORKERS": "2", "A4SX_MCP_LOG": "info"})
     pid = proc.proc.pid
 
     def temp_files():
@@ -6690,7 +7316,8 @@ def test_local_session_cancel_mid_scrub_sends_nothing_and_progress_keeps_coming(
     proc.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 77}})
     listed = proc.request("tools/list")
     assert [t["name"] for t in listed["result"]["tools"]] == TOOL_NAMES
-    time.sleep(1.0)
+    # the call ended without an answer (logged when it does), its workers and file already gone
+    wait_until(lambda: "tool=publish_local_session outcome=cancelled" in "".join(proc.stderr), timeout=60)
     assert not [m for m in proc.notes if m.get("id") == 77], proc.notes
     assert stub.pushes == [] and stub.requests() == []
     assert temp_files() == [] and os.listdir(str(temp)) == [] and children_of(pid) == []
@@ -6750,7 +7377,8 @@ def test_a_save_longer_than_the_bound_answers_saving_and_finishes_through_save_i
     unguessable save_id and the one instruction; publish_local_session with that save_id waits and
     answers saving again or the saved result, the same on every later call, with exactly one upload.
     A save of the same bytes with the same options in flight is joined (its own save_id; its result
-    says joined), for both tools; one with other options waits for it, then is a save of its own."""
+    says joined), for both tools (one with other options: test_publish_session_joins_a_save_in_flight_only_
+    with_the_same_options and test_a_save_joins_one_in_flight_only_with_the_same_options_and_the_same_bytes)."""
     proc = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "1"})
     stub.queue("POST /library/push", None, delay=4)  # the normal answer, 4 s late
     transcript = cc_transcript("slow-1")
@@ -6867,8 +7495,12 @@ def test_a_client_s_signal_stops_a_scrubbing_save_and_lets_an_upload_finish_and_
 
 
 def _may_be_stored(text):
-    """The words a stop after an upload attempt left must say, and the ones it must never say."""
-    return "may hold it" in text and "search_sessions" in text and "before anything was sent" not in text
+    """The words a stop after an upload attempt left must say (issue 33: that the outcome is unknown, how
+    to check, and when saving again is safe), and the ones it must never say."""
+    return ("whether it was stored is unknown" in text and "may hold it" in text
+            and re.search(r'call search_sessions with scope \\?"library', text)
+            and "Saving again with the same arguments while the session is unchanged is safe" in text
+            and "before anything was sent" not in text)
 
 
 @pytest.mark.parametrize("how", ["cancelled", "joined", "legacy-task", "modern-task"])
@@ -7290,6 +7922,50 @@ def test_local_session_continued_file_whose_records_spell_session_id_with_an_esc
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_line_too_long_to_scrub_within_the_bound_is_refused_and_images_placeholder_saves_it(spawn, stub, token,
+                                                                                              env):
+    """Issue 33: one pasted 60 MiB image in one line took the server and its workers to 415 MiB against
+    README's "within 256 MiB". A line longer than SCRUB_LINE_MAX_BYTES is refused before it is scrubbed
+    (``line_too_long``, its size, the way out, nothing sent); saved without images, the same session
+    goes (the placeholder makes the line short); README states the limit."""
+    image = base64.b64encode(b"\x89PNG" + os.urandom(a4sx_mcp.SCRUB_LINE_MAX_BYTES * 3 // 4 + 1024)).decode()
+    pasted = claude_record("user", [{"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                                  "data": image}}])
+    sid, path = claude_session(env, [claude_record("user", "look at this"), pasted, claude_record("assistant", "ok")])
+    assert a4sx_mcp.SCRUB_LINE_MAX_BYTES < max(map(len, path.read_bytes().split(b"\n"))) < 2 * a4sx_mcp.SCRUB_LINE_MAX_BYTES
+    proc = spawn()
+    refused, text, is_error = local_save(proc, {"session": sid}, timeout=120)
+    assert is_error and refused["error"] == "line_too_long", refused
+    assert "longer than the %d MiB a line may be" % (a4sx_mcp.SCRUB_LINE_MAX_BYTES >> 20) in text, text
+    assert 'images: \\"placeholder\\"' in text or 'images: "placeholder"' in text, text
+    assert text.endswith("Nothing was sent.") and stub.requests("POST /library/push") == []
+    saved, _, is_error = local_save(proc, {"session": sid, "images": "placeholder"}, timeout=120)
+    assert not is_error and saved["local_session"]["images"]["replaced"] >= 1, saved
+    assert len(stub.pushes) == 1 and len(stub.pushes[0]["body"]) < (1 << 20)
+    with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
+        readme = " ".join(f.read().split())
+    assert "a line longer than %d MiB is refused" % (a4sx_mcp.SCRUB_LINE_MAX_BYTES >> 20) in readme
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads the processes' peak memory from /proc")
+def test_a_line_as_long_as_the_limit_is_saved_within_256_mib_with_its_workers(spawn, stub, token, env):
+    """Issue 33: README's "the server and its workers stay within 256 MiB" for a line as long as
+    SCRUB_LINE_MAX_BYTES (a pasted image): the peaks of the server and of each worker, summed."""
+    image = base64.b64encode(os.urandom(a4sx_mcp.SCRUB_LINE_MAX_BYTES * 3 // 4 - 4096)).decode()
+    pasted = claude_record("user", [{"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                                  "data": image}}])
+    sid, path = claude_session(env, [claude_record("user", "look at this"), pasted, claude_record("assistant", "ok")])
+    longest = max(map(len, path.read_bytes().split(b"\n")))
+    assert a4sx_mcp.SCRUB_LINE_MAX_BYTES - 8192 < longest <= a4sx_mcp.SCRUB_LINE_MAX_BYTES
+    proc = spawn()
+    saved, _, is_error = local_save(proc, {"session": sid}, timeout=300)
+    assert not is_error and len(stub.pushes) == 1, saved
+    workers = [int(pid) for pid in os.listdir("/proc") if pid.isdigit() and _safe_parent(pid) == proc.proc.pid]
+    assert workers  # (idle workers stay WORKER_IDLE_S)
+    peaks = [vm_hwm(proc.proc.pid)] + [vm_hwm(pid) for pid in workers]
+    assert sum(peaks) <= 256 << 20, [peak >> 20 for peak in peaks]
+
+
 def test_a_save_stays_within_five_times_the_largest_file_it_reads(spawn, stub, token, env):
     """Claim 16 counts the largest file a save reads, not the session file: a 389-byte session whose
     subagent file is 48 MiB (issue 28: 209 MiB peak against "5x the session file + 64 MiB"). Each of its
@@ -7408,6 +8084,34 @@ def test_local_session_swapped_after_it_was_found_is_not_uploaded_as_the_callers
 
 
 @POSIX_MODES
+@pytest.mark.parametrize("change", ["cut_to_a_third", "replaced_in_place"])
+def test_a_session_file_that_changes_while_it_is_read_stops_the_save(stub, token, env, monkeypatch, change):
+    """Issue 33: a session file cut to a third while it was read had its prefix uploaded, the result
+    saying all its lines. The file is hashed, then read again for the check and the scrub: bytes that
+    are no longer those hashed (it shrank, or was rewritten in place at the same size) stop the save
+    before its upload, saying so; nothing is sent."""
+    records = [claude_record("user" if n % 2 else "assistant", "turn %d %s" % (n, "s" * 300)) for n in range(600)]
+    sid, path = claude_session(env, records)
+    size = path.stat().st_size
+    hashed = a4sx_mcp._hashed
+
+    def then_changed(handle, *args):
+        found = hashed(handle, *args)
+        data = path.read_bytes()
+        with open(path, "r+b") as f:  # the same file (inode) the open handle reads
+            if change == "cut_to_a_third":
+                f.truncate(data.index(b"\n", size // 3) + 1)
+            else:
+                f.write(data.replace(b"turn 5", b"TURN 5"))
+        return found
+    monkeypatch.setattr(a4sx_mcp, "_hashed", then_changed)
+    server = InProc(stub.base)
+    failed, text, is_error = server.tool("publish_local_session", {"session": sid})
+    assert is_error and failed["error"] == "session_changed", failed
+    assert "The session file changed while it was read" in text and "nothing was sent" in text, text
+    assert stub.requests("POST /library/push") == []
+
+
 def test_local_session_a_fifo_or_device_named_like_a_session_is_never_opened(env, tmp_path):
     """A node swapped in after the listing is looked at before it is opened: a FIFO with a writer
     waiting is never opened (the writer stays blocked), a device neither (root only)."""
@@ -7497,6 +8201,39 @@ def test_local_sessions_saved_with_the_same_key_each_get_their_own_entry(spawn, 
     assert again["version"] == "1" and again["saved_as"] == "new_entry"
     keys = [p["headers"]["idempotency-key"] for p in stub.requests("POST /library/push")]
     assert keys[2] == keys[3] and len(set(keys)) == 3
+
+
+def test_two_servers_saving_their_own_sessions_at_once_lose_no_record(spawn, stub, token, env):
+    """Issue 33: two servers of one project and one config folder (two agent windows), each saving its
+    own session 25 times while the other does: every save's ``ended:<save_id>`` record is kept (50),
+    and each session's saves are versions 1 to 25 of one library entry (``RecordsLock``: one
+    read-modify-write of saved-sessions.json at a time across processes)."""
+    sessions = [claude_session(env, [claude_record("user", "session %d" % n)]) for n in range(2)]
+    procs = [spawn(extra_env={"A4SX_MCP_PUBLISH_PER_MIN": "0"}) for _ in sessions]
+    results, both = [[], []], threading.Barrier(2)
+
+    def saves(index):
+        sid, path = sessions[index]
+        both.wait(60)  # both servers start saving together
+        for turn in range(25):
+            with open(path, "ab") as f:
+                f.write(claude_jsonl([claude_record("assistant", "turn %d" % turn, session_id=sid)]))
+            results[index].append(local_save(procs[index], {"session": sid}, timeout=120))
+
+    threads = [threading.Thread(target=saves, args=(index,)) for index in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(600)
+    assert [len(done) for done in results] == [25, 25]
+    for (sid, _), done in zip(sessions, results):
+        assert not any(is_error for _, _, is_error in done), [payload for payload, _, e in done if e][:1]
+        assert len({payload["library_id"] for payload, _, _ in done}) == 1, "one entry per session"
+        assert [payload["version"] for payload, _, _ in done] == [str(n) for n in range(1, 26)]
+    ended = ended_records(env, stub)
+    assert len(ended) == 50 and {record["outcome"] for record in ended.values()} == {"saved"}, len(ended)
+    assert where_saved(env) == {stub.base: {"claude-code:" + sid: done[0][0]["library_id"]
+                                            for (sid, _), done in zip(sessions, results)}}
 
 
 def test_local_session_saved_as_says_what_the_server_did(spawn, stub, token, env):
@@ -9233,8 +9970,9 @@ def test_every_input_property_is_described_briefly():
     # its images), a deliberate growth of exactly its compact JSON; + 91: its preview property, and + 131
     # in the output schemas: a save's visibility as answered, joined, the preview status (issue 28)
     # + 937 and + 1764 (with its output schema): list_local_sessions, the local session list, and + 25: fetch's
-    # output schema names its next step, the resume hint (issue 34)
-    assert sizes["2024-11-05"] < 7500 + 119 + 91 + 937 and sizes[MODERN] < 12500 + 119 + 91 + 131 + 1764 + 25
+    # output schema names its next step, the resume hint (issue 34); + 340: visibility_confirmed and
+    # options_applied, two documented flags in both save tools' schemas (issue 33)
+    assert sizes["2024-11-05"] < 7500 + 119 + 91 + 937 and sizes[MODERN] < 12500 + 119 + 91 + 131 + 1764 + 25 + 340
 
 
 def _interop_library(srv, stub):
@@ -10008,7 +10746,8 @@ def test_progress_has_no_message_on_2024_11_05(spawn, stub, token):
     assert notes and all("message" not in n["params"] and n["params"]["progressToken"] == 5 for n in notes)
 
 
-def test_cancel_during_retry_wait_stops_the_call_without_a_response(mcp, stub, token):
+def test_cancel_during_retry_wait_stops_the_call_without_a_response(spawn, stub, token):
+    mcp = spawn(extra_env={"A4SX_MCP_LOG": "info"})
     stub.queue("POST /library/push", 503, {"error": {"code": "scrub_pool_busy", "details": {"retry_after_s": 30}}})
     mcp.send({"jsonrpc": "2.0", "id": "pub", "method": "tools/call",
               "params": {"name": "publish_session", "arguments": {"transcript": cc_transcript()}}})
@@ -10018,7 +10757,7 @@ def test_cancel_during_retry_wait_stops_the_call_without_a_response(mcp, stub, t
     time.sleep(0.2)
     mcp.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "pub", "reason": "x"}})
     assert mcp.request("ping", msg_id="after-cancel")["result"] == {}
-    time.sleep(1.5)
+    wait_until(lambda: "tool=publish_session outcome=cancelled" in "".join(mcp.stderr), timeout=60)  # no answer
     assert mcp.lines.empty() and len(stub.requests("POST /library/push")) == 1 and stub.pushes == []
     mcp.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "pub"}})  # finished
     mcp.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "never-existed"}})
@@ -11428,3 +12167,271 @@ def test_release_memory_and_the_warm_up_send_nothing(stub, monkeypatch):
     a4sx_mcp.release_memory()
     a4sx_mcp.warm_network(a4sx_mcp.Api(a4sx_mcp.Settings("https://127.0.0.1:9")))
     assert connects == [] and a4sx_mcp._ssl_context is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 33: edges a mutation test showed no test guarded (each test fails when its edge breaks)
+# ---------------------------------------------------------------------------------------------
+
+def _framed_text(nonce="0123456789abcdef"):
+    """A fetched session as this server frames it: a BEGIN line and the other-author caution."""
+    return "<<<%s nonce=%s>>>\n%s: ..." % (a4sx_mcp.BEGIN_MARK, nonce, a4sx_mcp.OTHER_AUTHOR_CAUTION)
+
+
+def test_publish_session_joins_a_save_in_flight_only_with_the_same_options(spawn, stub, token, env):
+    """publish_session, like publish_local_session: a second save of the same transcript in flight with
+    another label and a parent holding another author's content is its own save after the first (its
+    options sent, untrusted), never joined; the same arguments join (issue 33: a mutant that joined
+    regardless of options survived)."""
+    stub.library.append(library_row("lib-theirs", acquired_from={"id": "pub-1"}))
+    proc = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "1"})
+    transcript = cc_transcript("join-options")
+    held = threading.Event()
+    stub.queue("POST /library/push", None, hold=held)
+    try:
+        first, _ = saving_call(proc, "publish_session", {"transcript": transcript})
+        wait_until(lambda: stub.pushes)
+        other, _ = saving_call(proc, "publish_session", {"transcript": transcript, "label": "mine",
+                                                         "parent": "lib-theirs"})
+        same, _ = saving_call(proc, "publish_session", {"transcript": transcript})
+        assert {first["status"], other["status"], same["status"]} == {"saving"}
+        assert "waiting for the save of this session" in other["stage"], other
+    finally:
+        held.set()
+    done = {name: finish_save(proc, answer["save_id"])[0] for name, answer in
+            (("first", first), ("other", other), ("same", same))}
+    assert done["same"]["joined"] is True and "joined" not in done["other"], done
+    assert done["first"]["untrusted"] is False and done["other"]["untrusted"] is True, done
+    sent = stub.requests("POST /library/push")
+    assert [(r["query"].get("label"), r["query"].get("parent")) for r in sent] == [(None, None),
+                                                                                   ("mine", "lib-theirs")]
+
+
+def test_a_refused_upload_records_failed_for_a_later_server(spawn, stub, token, env):
+    """A push the a4sx server refuses (a 4xx other than 408 and 429) stored nothing: the save's record
+    says ``failed``, and a later server asked for its save_id says so (not may_be_stored)."""
+    proc = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "30"})
+    stub.queue("POST /library/push", 422, {"error": {"code": "invalid_transcript", "message": "no"}})
+    refused, _, is_error = proc.tool("publish_session", {"transcript": cc_transcript("refused-1")})
+    assert is_error and refused["error"] == "invalid_transcript", refused
+    (save_id, record), = ended_records(env, stub).items()
+    assert record["outcome"] == "failed", record
+    told, text = saving_call(spawn(), "publish_local_session", {"save_id": save_id})
+    assert told["error"] == "save_ended" and text.endswith(a4sx_mcp.ENDED_SAVE["failed"]), text
+
+
+def test_a_save_recorded_stopped_by_a_signal_never_opens_its_upload(stub, token, env):
+    """The server's end (a client's signal) stops a save that sent nothing and records it ``stopped``
+    first; that save reaching its upload afterwards is refused at the write-ahead (``Saves.sending``):
+    its record stays ``stopped`` and nothing is sent."""
+    server = a4sx_mcp.Server(a4sx_mcp.Settings(stub.base), write=lambda message: None)
+    save = a4sx_mcp.Save("publish_session")
+    save.key = "sha256:" + "0" * 64
+    with server.saves.lock:
+        server.saves.by_id[save.id] = save
+    server.saves.end(0.0)  # (waits at most 1 s for the save, which nothing runs)
+    assert ended_records(env, stub)[save.id]["outcome"] == "stopped"
+    with pytest.raises(a4sx_mcp.Cancelled):
+        server.saves.sending(save)
+    assert save.sent is False and ended_records(env, stub)[save.id]["outcome"] == "stopped"
+
+
+def test_a_kept_preview_expires_and_is_closed(monkeypatch):
+    """A preview is kept PREVIEW_KEEP_S for the save that follows it, then dropped (its scrubbed file
+    closed): never reused after that."""
+    closed = []
+
+    class Kept:
+        def close(self):
+            closed.append(self)
+    previews, prep = a4sx_mcp.Previews(), Kept()
+    previews.keep("claude-code:s", "{}", (prep, {}, {}), "sha")
+    assert previews.find("claude-code:s", "{}")[0] is prep and closed == []
+    monkeypatch.setattr(a4sx_mcp, "PREVIEW_KEEP_S", -1)  # its time is up
+    assert previews.find("claude-code:s", "{}") is None and closed == [prep]
+
+
+def test_a_record_of_another_session_after_a_sessionless_record_is_refused(mcp, stub, token):
+    """A sessionless record (``summary``, ``file-history-snapshot``) between two sessions' records does
+    not make the second session's records belong: the transcript is refused, nothing sent."""
+    summary = {"type": "summary", "summary": "earlier work", "leafUuid": str(uuid.uuid4())}
+    data = claude_jsonl([claude_record("user", "mine", session_id="sess-a"), summary,
+                         claude_record("assistant", "theirs", session_id="sess-b")])
+    assert "belongs to another session" in a4sx_mcp.check_transcript(data)
+    refused, text, is_error = mcp.tool("publish_session", {"transcript": data.decode()})
+    assert is_error and refused["error"] == "not_a_transcript" and "line 3 (record type" in text, text
+    assert "belongs to another session" in text, text
+    assert stub.requests("POST /library/push") == []
+
+
+@pytest.mark.parametrize("first", ["begin", "caution"])
+def test_framing_split_over_two_pieces_read_is_found(mcp, stub, token, first):
+    """The taint rule's framing search reads a transcript piece by piece (READ_BYTES): the BEGIN line in
+    one piece and the other-author caution in a later one (either first) is still framing: untrusted."""
+    begin = "<<<%s nonce=0123456789abcdef>>>" % a4sx_mcp.BEGIN_MARK
+    parts = [begin, a4sx_mcp.OTHER_AUTHOR_CAUTION] if first == "begin" else [a4sx_mcp.OTHER_AUTHOR_CAUTION, begin]
+    filler = [claude_record("assistant", "filler %d %s" % (n, "f" * 500), session_id="split-1") for n in range(80)]
+    records = ([claude_record("user", "loaded: " + parts[0], session_id="split-1")] + filler
+               + [claude_record("user", "and: " + parts[1], session_id="split-1")])
+    data = claude_jsonl(records)
+    assert data.index(parts[1].encode()) - data.index(parts[0].encode()) > 2 * a4sx_mcp.READ_BYTES
+    saved, _, is_error = mcp.tool("publish_session", {"transcript": data.decode()})
+    assert not is_error and saved["untrusted"] is True, saved
+
+
+def test_a_preview_is_not_reused_for_another_entry(spawn, stub, token, env):
+    """A preview said where the save would go (a new entry); when the session's recorded entry changed
+    since (another server saved it meanwhile), the save is decided afresh: sent into that entry."""
+    sid, _ = claude_session(env, [claude_record("user", "preview me")])
+    stub.library.append(library_row("lib-mine"))
+    proc = spawn()
+    shown, _, is_error = local_save(proc, {"session": sid, "preview": True})
+    assert not is_error and shown["would_save_as"] == "new_entry", shown
+    (env["cfg"] / "saved-sessions.json").write_text(json.dumps({stub.base: {"claude-code:" + sid: "lib-mine"}}))
+    saved, _, is_error = local_save(proc, {"session": sid})
+    assert not is_error and saved["from_preview"] is False and saved["library_id"] == "lib-mine", saved
+    assert stub.requests("POST /library/push")[0]["query"].get("into") == "lib-mine"
+
+
+def test_a_preview_is_not_reused_after_a_subagent_file_gained_framing(spawn, stub, token, env):
+    """A preview of a trusted session; then its subagent loads another author's session (its file
+    gains framing): the save is decided afresh and saved untrusted, not as the preview showed."""
+    sid, _ = claude_session(env, [claude_record("user", "run a subagent"), claude_record("assistant", "ok")])
+    proc = spawn()
+    shown, _, is_error = local_save(proc, {"session": sid, "preview": True})
+    assert not is_error and shown["untrusted"] is False, shown
+    _subagent_file(env, sid, claude_jsonl([claude_record("user", _framed_text(), session_id=sid)]))
+    saved, _, is_error = local_save(proc, {"session": sid})
+    assert not is_error and saved["from_preview"] is False and saved["untrusted"] is True, saved
+
+
+def test_without_the_sdk_s_batch_steps_a_worker_scrubs_the_whole_file_at_once(spawn, stub, token, env, tmp_path,
+                                                                               guard_dir):
+    """A worker whose SDK lacks the steps ``scrub_batch`` takes (another 0.11 build) says so in its
+    hello, and the transcript goes to it whole, one ``scrub_bytes`` of the whole file: the upload is the
+    SDK's whole-file scrub, byte for byte."""
+    log = tmp_path / "scrub_bytes.log"
+    folder = tmp_path / "worker-no-batches"
+    folder.mkdir()
+    (folder / "sitecustomize.py").write_text(
+        "import sys\n"
+        "if '--scrub-worker' in sys.argv:\n"
+        "    import a4sx.scrub as scrub\n"
+        "    del scrub._cli_scrub.sr_name_reconcile\n"
+        "    whole = scrub.scrub_bytes\n"
+        "    def logged(data, **kw):\n"
+        "        open(%r, 'a').write('%%d\\n' %% len(data))\n"
+        "        return whole(data, **kw)\n"
+        "    scrub.scrub_bytes = logged\n"
+        "exec(compile(open(%r).read(), 'guard', 'exec'))\n" % (str(log), str(pathlib.Path(guard_dir) / "sitecustomize.py")))
+    records = [claude_record("user", "turn %d mail jane%d@example.org %s" % (n, n, "z" * 150), session_id="whole-1")
+               for n in range(2000)]
+    data = claude_jsonl(records)
+    assert len(data) > 4 * a4sx_mcp.SCRUB_BATCH_BYTES
+    proc = spawn(extra_env={"PYTHONPATH": os.pathsep.join([str(folder), guard_dir, HERE])})
+    saved, _, is_error = proc.tool("publish_session", {"transcript": data.decode()}, timeout=120)
+    assert not is_error, saved
+    assert log.read_text().split() == [str(len(data))]  # one scrub, of the whole file
+    assert stub.pushes[0]["body"] == a4sx_scrubbed(data)
+
+
+FAKE_WORKER = r"""
+import json, os, sys, time
+mode, mark = sys.argv[1], sys.argv[2]
+out = sys.stdout.buffer
+out.write(b'{"ready": true, "batches": true}\n')
+out.flush()
+while True:
+    header = sys.stdin.buffer.readline()
+    if not header:
+        sys.exit(0)
+    request = json.loads(header)
+    data = sys.stdin.buffer.read(request["size"])
+    if mode == "stuck":  # takes its batch and never answers
+        open(mark, "w").write("got a batch")
+        while True:
+            time.sleep(60)
+    reply = {"report": {"lines_changed": 0, "rules": {}}, "size": len(data), "texts": {}}
+    out.write(json.dumps(reply).encode() + b"\n" + data)
+    out.flush()
+"""
+
+
+def test_a_cancel_stops_every_scrub_worker_at_once(tmp_path, monkeypatch):
+    """The cancel flag's hook kills every worker of the scrub, not only the first: here the scrub waits
+    on the second worker, which never answers; the cancel ends both processes and the scrub."""
+    mark = tmp_path / "stuck.txt"
+    started = []
+
+    def start(worker):
+        mode = "stuck" if len(started) == 1 else "echo"
+        worker.proc = subprocess.Popen([sys.executable, "-c", FAKE_WORKER, mode, str(mark)], stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        started.append(worker.proc)
+    a4sx_mcp.SCRUB_POOL.stop()
+    monkeypatch.setattr(a4sx_mcp.ScrubWorker, "_start", start)
+    records = [claude_record("user", "turn %d %s" % (n, "c" * 200), session_id="cancel-1") for n in range(3000)]
+    transcript = a4sx_mcp.in_pieces(claude_jsonl(records))
+    cancel, upload, ended = a4sx_mcp.CancelFlag(), a4sx_mcp.ScrubbedUpload(), []
+
+    def scrub():
+        try:
+            a4sx_mcp.scrub_transcript(transcript, lambda piece: None, {}, cancel, 2, upload)
+        except BaseException as err:  # noqa: BLE001 - what ended it
+            ended.append(err)
+    thread = threading.Thread(target=scrub, daemon=True)
+    thread.start()
+    try:
+        wait_until(mark.exists, timeout=60)  # the second worker holds a batch the scrub waits for
+        cancel.set()
+        for proc in started:
+            assert proc.wait(timeout=60) is not None
+        thread.join(60)
+        assert len(started) == 2 and isinstance(ended[0], a4sx_mcp.Cancelled), ended
+    finally:
+        for proc in started:
+            if proc.poll() is None:
+                proc.kill()
+        upload.close()
+        a4sx_mcp.SCRUB_POOL.stop()
+
+
+@pytest.mark.parametrize("tool", ["publish_session", "publish_local_session"])
+@pytest.mark.parametrize("first", ["saved", "may_be_stored"])
+def test_the_same_bytes_with_other_options_are_a_save_of_their_own(spawn, stub, token, env, tool, first):
+    """Issue 33: the key binds what the API stores. The same bytes saved again with a label and a parent
+    holding another author's content, after a save without them (finished, or stopped after its upload
+    left: may_be_stored, whose key a save of the same bytes reuses), are a save of their own: its
+    options sent under another Idempotency-Key, untrusted; the same arguments again send the same key
+    as the stopped save did (its stored answer back, no second copy)."""
+    stub.library.append(library_row("lib-theirs", acquired_from={"id": "pub-1"}))
+    sid, _ = claude_session(env, [claude_record("user", "the same bytes twice")])
+    plain = {"transcript": cc_transcript("options-1")} if tool == "publish_session" else {"session": sid}
+    proc = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "30", "A4SX_MCP_LOG": "info"})
+    if first == "saved":
+        assert not proc.tool(tool, plain)[2]
+    else:
+        held = threading.Event()
+        stub.queue("POST /library/push", None, hold=held)
+        proc.send({"jsonrpc": "2.0", "id": 81, "method": "tools/call", "params": {"name": tool, "arguments": plain}})
+        wait_until(lambda: stub.pushes)
+        proc.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 81}})
+        wait_until(lambda: "outcome=may_be_stored" in "".join(proc.stderr))
+        held.set()
+    other, _, is_error = proc.tool(tool, dict(plain, label="mine", parent="lib-theirs"))
+    sent = stub.requests("POST /library/push")
+    assert (sent[1]["query"].get("label"), sent[1]["query"].get("parent")) == ("mine", "lib-theirs")
+    assert sent[1]["headers"]["idempotency-key"] != sent[0]["headers"]["idempotency-key"]
+    if tool == "publish_local_session" and first == "saved":
+        # sent into the entry it was saved to, whose newest version holds these bytes: the a4sx server
+        # keeps that version as it was, and the result never says the label and parent were applied
+        assert not is_error and other["deduped"] is True and other["options_applied"] is False, other
+        assert other["next"] == a4sx_mcp.UNCHANGED_OPTIONS_NEXT and len(stub.pushes) == 1, other
+        return
+    assert not is_error and other["untrusted"] is True and other["deduped"] is False, other
+    assert other["options_applied"] is True and len(stub.pushes) == 2
+    if first == "may_be_stored":  # the same everything again: no second copy of the first upload
+        again, _, is_error = proc.tool(tool, plain)
+        assert not is_error and len(stub.pushes) == 2, again
+        keys = [r["headers"]["idempotency-key"] for r in stub.requests("POST /library/push")]
+        assert tool == "publish_local_session" or keys[2] == keys[0], keys
