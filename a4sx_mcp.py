@@ -3192,7 +3192,7 @@ WORKER_IDLE_S = 300
 # costs more per byte the longer its text (on one core here: 1.5 us a byte in 4 KiB batches, 2.0 in
 # 32 KiB, 5.4 in 1 MiB), and a worker's peak is ~40 MiB plus ~20x its batch.
 SCRUB_BATCH_BYTES = 32 * KiB
-# A line longer than a batch is a batch of its own, and its worker's peak grows with it (issue 33: one
+# A line longer than a batch is a batch of its own, and its worker's peak grows with it (measured: one
 # pasted 60 MiB image in one line took the server and its workers to 415 MiB; 16 MiB: 247 MiB): a longer
 # line is refused before anything is scrubbed, so a save stays within README's 256 MiB.
 SCRUB_LINE_MAX_BYTES = 12 * MiB
@@ -5238,7 +5238,7 @@ def local_row(entry, found, saves, current=False):
     return row
 
 
-# --- saves in flight: answered within a bound, finished in the background (issue 24) -------------
+# --- saves in flight: answered within a bound, finished in the background -----------------------
 
 SAVE_KEEP_S = 3600  # a finished save's result answers save_id calls (and tasks/get) for an hour
 SAVES_KEPT = 64  # finished saves kept at most (the oldest are dropped first)
@@ -5561,7 +5561,7 @@ HANDLERS = {
 }
 
 
-# --- output schemas: the structuredContent every result carries (the issue 12 shape) ----------------
+# --- output schemas: the structuredContent every result carries ---------------------------------
 
 _TEXT = {"type": "string"}
 _FLAG = {"type": "boolean"}
