@@ -393,6 +393,11 @@ def _int_setting(env, name, default, minimum=0):
     return value if value >= minimum else default
 
 
+def _flag_setting(env, name):
+    """A yes/no setting: ``1``, ``true`` or ``yes`` (any case) is yes; anything else, unset included, no."""
+    return env[name].lower() in ("1", "true", "yes")
+
+
 # --- the server and the token: ssh's rules for the files that choose the one and hold the other ----
 
 
@@ -574,10 +579,10 @@ class Settings:
                                        "set it to the project's full path, or leave it out (the working directory "
                                        "is then used)", local_line(project))
         self.project_dir = "" if self.project_refused else project or _working_dir()
-        self.all_projects = env["A4SX_MCP_ALL_PROJECTS"].lower() in ("1", "true", "yes")
+        self.all_projects = _flag_setting(env, "A4SX_MCP_ALL_PROJECTS")
         # A project that must never be saved (a setting its team commits in .mcp.json's server entry):
         # every save refuses (``saves_refused``), the session list and --check say so.
-        self.never_save = env["A4SX_MCP_NEVER_SAVE"].lower() in ("1", "true", "yes")
+        self.never_save = _flag_setting(env, "A4SX_MCP_NEVER_SAVE")
         level = env["A4SX_MCP_LOG"].lower()
         self.log_level = level if level in LOG_LEVELS else "warning"
 
@@ -3239,16 +3244,13 @@ def scrub_worker_main():
             return 0
         request = json.loads(header)
         data = stdin.read(request["size"])
-        if request.get("batch") and batches:
-            done = scrub_on_any_stack(data, rules, lambda: scrub_batch(rules, watch, data))
-            out, reply = done if done else (b"", None)
-        else:
-            def whole():
-                out, report = scrub.scrub_bytes(data, mode="full")
-                return out, {"report": {"lines_changed": report.lines_changed, "rules": report.rules}}
-            done = scrub_on_any_stack(data, rules, whole)
-            out, reply = done if done else (b"", None)
-        reply = reply if reply is not None else {"stack_dependent": True}
+
+        def whole():
+            out, report = scrub.scrub_bytes(data, mode="full")
+            return out, {"report": {"lines_changed": report.lines_changed, "rules": report.rules}}
+        batch = request.get("batch") and batches
+        out, reply = scrub_on_any_stack(data, rules, (lambda: scrub_batch(rules, watch, data)) if batch else whole) or (
+            b"", {"stack_dependent": True})
         reply.update(size=len(out), texts={key: scrub.scrub_text(value) for key, value in request["texts"].items()})
         stdout.write(json.dumps(reply).encode() + b"\n" + out)
         stdout.flush()
@@ -3578,7 +3580,6 @@ def scrub_transcript(transcript, each, texts, cancel, workers, upload):
             worker = leased[index % len(leased)]
             worker.send(batch, texts if index == 0 else {}, batched)
             pending.append((worker, batch))
-            del batch
         while pending:
             joins.take(*pending.pop(0))
         joins.finish(leased[0])
@@ -3771,12 +3772,7 @@ class RecordsLock:
         deadline = time.monotonic() + RECORDS_LOCK_WAIT_S
         while True:
             try:
-                if os.name == "nt":
-                    msvcrt = lazy("msvcrt")
-                    msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
-                else:
-                    fcntl = lazy("fcntl")
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                _os_lock(fd, True)
                 return fd
             except OSError as err:
                 busy = os.name == "nt" or isinstance(err, BlockingIOError)
@@ -3789,16 +3785,22 @@ class RecordsLock:
 
     def __exit__(self, *exc):
         try:
-            if os.name == "nt":
-                msvcrt = lazy("msvcrt")
-                msvcrt.locking(self.fd, msvcrt.LK_UNLCK, 1)
-            else:
-                fcntl = lazy("fcntl")
-                fcntl.flock(self.fd, fcntl.LOCK_UN)
+            _os_lock(self.fd, False)
         finally:
             os.close(self.fd)  # (closing drops the lock too)
             self.fd = None
             _records_lock.release()
+
+
+def _os_lock(fd, take):
+    """Takes (without waiting: ``OSError`` when another process holds it) or drops the OS's exclusive
+    lock on the file ``fd``: POSIX ``flock``, Windows ``msvcrt.locking`` of its first byte."""
+    if os.name == "nt":
+        msvcrt = lazy("msvcrt")
+        msvcrt.locking(fd, msvcrt.LK_NBLCK if take else msvcrt.LK_UNLCK, 1)
+    else:
+        fcntl = lazy("fcntl")
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB if take else fcntl.LOCK_UN)
 
 
 def _record_name(session_id):
@@ -5248,10 +5250,11 @@ SAVE_POLL_S = 0.2
 
 # A save stopped (a cancel, tasks/cancel, a signal, stdin closing) after an upload attempt left: the
 # library may hold it, so the caller is sent to look, never to upload the same bytes again blind.
+CHECK_BEFORE_SAVING_AGAIN = say("To check, call search_sessions with scope \"library\". Saving again with the same "
+                                "arguments while the session is unchanged is safe: the same upload key is sent, so the "
+                                "a4sx server answers with the stored upload rather than storing it twice.")
 MAY_BE_STORED = say("This save was stopped after its upload had started, so whether it was stored is unknown: your "
-                    "library may hold it. To check, call search_sessions with scope \"library\". Saving again with "
-                    "the same arguments while the session is unchanged is safe: the same upload key is sent, so the "
-                    "a4sx server answers with the stored upload rather than storing it twice.")
+                    "library may hold it. %s", CHECK_BEFORE_SAVING_AGAIN)
 NOTHING_SENT = say("This save was stopped before anything was sent: the call that started it was cancelled, or "
                    "the server stopped. Call the tool again to save.")
 
@@ -5259,10 +5262,8 @@ NOTHING_SENT = say("This save was stopped before anything was sent: the call tha
 # first one written before the first byte of its upload left (``Saves.sending``).
 ENDED_SAVE = {
     "may_be_stored": say("This save's upload had started when its server last recorded it (then the server or "
-                         "the call was stopped), so whether it was stored is unknown: your library may hold it. To "
-                         "check, call search_sessions with scope \"library\". Saving again with the same arguments "
-                         "while the session is unchanged is safe: the same upload key is sent, so the a4sx server "
-                         "answers with the stored upload rather than storing it twice."),
+                         "the call was stopped), so whether it was stored is unknown: your library may hold it. %s",
+                         CHECK_BEFORE_SAVING_AGAIN),
     "saved": say("This save finished: it is in your private library (search_sessions scope=library)."),
     "failed": say("This save's upload was refused by the a4sx server: nothing was stored. Call "
                   "publish_local_session again to save."),
