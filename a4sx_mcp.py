@@ -134,6 +134,7 @@ sys.path[:] = _drop_working_dir(sys.path, "module" if __name__ != "__main__" els
 # --- imports: everything this file imports at start-up; everything later goes through ``lazy`` ---
 # (after the sys.path clean-up on purpose; each of these costs under 2 ms)
 import binascii  # noqa: E402
+import collections  # noqa: E402
 import importlib  # noqa: E402
 import json  # noqa: E402
 import queue  # noqa: E402
@@ -210,45 +211,130 @@ def log(level, message):
 
 # --- what is read: the environment once (``environment``), the config directory's files ---------
 
-# A save's scrub runs in this many processes at most by default, each on a batch of records
-# (``ScrubPool``): with the server, 4 stay within 256 MiB (benchmarks/bench.py --local).
+# A save's scrub runs in this many processes at most, whatever is set (``ScrubPool``): with the
+# server, 4 stay within 256 MiB (benchmarks/bench.py --local); each worker holds ~40 MiB.
 SCRUB_WORKERS_MAX = 4
 
+# Every client measured waits 50 s for a tools/call (the TypeScript SDK's default is 60 s; Codex CLI's
+# 300 s; Claude Desktop cancels from 60 s): a save answers within this, finished or not (``Saves``).
+ANSWER_WITHIN_S = 50
 
-# EVERY environment variable this process reads, and what it sets (``--check`` prints this list).
+KiB, MiB = 1024, 1024 * 1024
+
+# One row of ``ENVIRONMENT``. ``kind`` says how ``Settings`` reads the value and how --help, --check
+# and server.json show it:
+#   number: an integer; below ``low`` (or not a number) it is ``default``, above ``high`` it is ``high``
+#   flag:   1, true or yes (any case) is on; anything else, unset included, off
+#   level:  one of ``LOG_LEVELS``, else ``default``
+#   url, secret, path: read where they are used (``resolve_base``, ``find_token``, the folders)
+#   system, agent: not the user's to set for this server (the system's; the agent's that starts it)
+# ``attr`` is the ``Settings`` attribute a number, flag or level sets; ``default`` a number, flag or
+# level's value (None: ``default_text`` says what), for the others the text shown as the default.
+Setting = collections.namedtuple("Setting", "name attr kind default low high what")
+
+# EVERY environment variable this process reads, the one table of settings: ``Settings`` reads it,
+# --help and --check print it, and the tests check README's table and server.json against it.
 # ``environment`` is the only reader of the process environment, besides ``worker_environment``,
 # which passes the WORKER_ENV names (section 6) to the scrub worker unread.
 ENVIRONMENT = (
-    ("A4SX_BASE", "the a4sx server, after --base (default: config.json's, else %s)" % PUBLIC_BASE),
-    ("A4SX_SESSION", "a token (for CI), sent only to A4SX_SESSION_BASE's server; never printed or kept"),
-    ("A4SX_SESSION_BASE", "the server A4SX_SESSION was issued by (default %s; never A4SX_BASE)" % PUBLIC_BASE),
-    ("A4SX_CONFIG_DIR", "the a4sx CLI's config directory (default as the CLI's: below)"),
-    ("XDG_CONFIG_HOME", "the config directory is $XDG_CONFIG_HOME/a4sx when it is an absolute path"),
-    ("LOCALAPPDATA", "Windows: the config directory is %LOCALAPPDATA%\\a4sx (else %APPDATA%\\a4sx)"),
-    ("APPDATA", "Windows: see LOCALAPPDATA"),
-    ("HOME", "~ (else ~/.config/a4sx; Python's expanduser also reads USERPROFILE on Windows)"),
-    ("A4SX_MCP_PER_MIN", "tool calls per minute (default 240; 0: no local limit)"),
-    ("A4SX_MCP_ACQUIRE_PER_MIN", "acquire_session calls per minute (default 20)"),
-    ("A4SX_MCP_PUBLISH_PER_MIN", "publish_session calls per minute (default 10)"),
-    ("A4SX_MCP_MAX_PUBLISH_BYTES", "the largest transcript publish_session takes (default 2 MiB)"),
-    ("A4SX_UPLOAD_TIMEOUT_S", "a publish upload's deadline (default 120 s + 2 s per MiB up to 30 min; at most 6 h)"),
-    ("A4SX_MCP_MAX_LOCAL_BYTES", "the largest local session publish_local_session reads (default 512 MiB)"),
-    ("A4SX_MCP_SCRUB_WORKERS", "scrub processes one save runs (default: the CPUs; at most %d, whatever is "
-     "set)" % SCRUB_WORKERS_MAX),
-    ("A4SX_MCP_ALL_PROJECTS", "1: publish_local_session's session=<id> may name another project's session "
-     "(default: this project's only)"),
-    ("A4SX_MCP_NEVER_SAVE", "1: no save from this project: publish_session and publish_local_session refuse "
-     "(saving_disabled); a team can commit it in the project's MCP configuration"),
-    ("A4SX_MCP_LOG", "stderr log level: warning (default), info or debug"),
-    ("A4SX_MCP_ANSWER_WITHIN_S", "a save answers within this many seconds, finished or not (default 50; 0: at the "
-     "end)"),
-    ("CLAUDE_CONFIG_DIR", "Claude Code's folder (default ~/.claude): its projects/ holds the session files"),
-    ("CLAUDE_CODE_SESSION_ID", "the Claude Code session that started this server (stale after /clear)"),
-    ("CLAUDE_PROJECT_DIR", "the project Claude Code runs in (default: the working directory)"),
-    ("CODEX_HOME", "Codex CLI's folder (default ~/.codex): its sessions/ holds the rollout files"),
-    ("SSL_CERT_FILE", "read by OpenSSL too: a CA bundle trusted instead of the system store"),
-    ("SSL_CERT_DIR", "read by OpenSSL too: a CA directory trusted instead of the system store"),
+    Setting("A4SX_BASE", None, "url", "config.json's server, else " + PUBLIC_BASE, None, None,
+            "the a4sx server, after --base; plain http only to this machine"),
+    Setting("A4SX_SESSION", None, "secret", "", None, None,
+            "a token (for CI), sent only to A4SX_SESSION_BASE's server; never printed or kept"),
+    Setting("A4SX_SESSION_BASE", None, "url", PUBLIC_BASE, None, None,
+            "the server A4SX_SESSION was issued by (never A4SX_BASE)"),
+    Setting("A4SX_CONFIG_DIR", None, "path", "the a4sx CLI's: $XDG_CONFIG_HOME/a4sx, ~/.config/a4sx or "
+            "%LOCALAPPDATA%\\a4sx", None, None, "the a4sx CLI's config directory (its sign-in)"),
+    Setting("XDG_CONFIG_HOME", None, "system", "", None, None,
+            "the config directory is $XDG_CONFIG_HOME/a4sx when it is an absolute path"),
+    Setting("LOCALAPPDATA", None, "system", "", None, None,
+            "Windows: the config directory is %LOCALAPPDATA%\\a4sx (else %APPDATA%\\a4sx)"),
+    Setting("APPDATA", None, "system", "", None, None, "Windows: see LOCALAPPDATA"),
+    Setting("HOME", None, "system", "", None, None,
+            "~ (else ~/.config/a4sx; Python's expanduser also reads USERPROFILE on Windows)"),
+    Setting("A4SX_MCP_PER_MIN", "per_min", "number", 240, 0, None, "tool calls per minute (0: no local limit)"),
+    Setting("A4SX_MCP_ACQUIRE_PER_MIN", "acquire_per_min", "number", 20, 0, None,
+            "acquire_session calls per minute (0: no local limit)"),
+    Setting("A4SX_MCP_PUBLISH_PER_MIN", "publish_per_min", "number", 10, 0, None,
+            "publish_session calls per minute (0: no local limit)"),
+    Setting("A4SX_MCP_MAX_PUBLISH_BYTES", "max_publish_bytes", "number", 2 * MiB, 1, None,
+            "the largest transcript publish_session takes, in bytes"),
+    Setting("A4SX_UPLOAD_TIMEOUT_S", "upload_timeout_s", "number", 0, 0, 6 * 3600,
+            "an upload's deadline in seconds (0: 120 s plus 2 s per MiB, at most 30 min)"),
+    Setting("A4SX_MCP_MAX_LOCAL_BYTES", "max_local_bytes", "number", 512 * MiB, 1, None,
+            "the largest session file publish_local_session reads, in bytes"),
+    Setting("A4SX_MCP_SCRUB_WORKERS", "scrub_workers", "number", None, 1, SCRUB_WORKERS_MAX,
+            "scrub processes one save runs at once"),
+    Setting("A4SX_MCP_ALL_PROJECTS", "all_projects", "flag", False, None, None,
+            "1: publish_local_session's session=<id> may name another project's session"),
+    Setting("A4SX_MCP_NEVER_SAVE", "never_save", "flag", False, None, None,
+            "1: no save from this project: publish_session and publish_local_session refuse "
+            "(saving_disabled); a team can commit it in the project's MCP configuration"),
+    Setting("A4SX_MCP_LOG", "log_level", "level", "warning", None, None,
+            "stderr log level: tool names, outcomes and durations, never content"),
+    Setting("A4SX_MCP_ANSWER_WITHIN_S", "answer_within_s", "number", ANSWER_WITHIN_S, 0, None,
+            "a save answers within this many seconds, finished or not (0: at the end)"),
+    Setting("CLAUDE_CONFIG_DIR", None, "path", "~/.claude", None, None,
+            "Claude Code's folder: its projects/ holds the session files"),
+    Setting("CLAUDE_CODE_SESSION_ID", None, "agent", "", None, None,
+            "the Claude Code session that started this server (stale after /clear)"),
+    Setting("CLAUDE_PROJECT_DIR", None, "agent", "the working directory", None, None,
+            "the project Claude Code runs in (a full path)"),
+    Setting("CODEX_HOME", None, "path", "~/.codex", None, None,
+            "Codex CLI's folder: its sessions/ holds the rollout files"),
+    Setting("SSL_CERT_FILE", None, "path", "the system's trust store", None, None,
+            "a CA bundle (PEM) trusted for https instead of the system store; read by OpenSSL too"),
+    Setting("SSL_CERT_DIR", None, "path", "the system's trust store", None, None,
+            "a CA directory trusted for https instead of the system store; read by OpenSSL too"),
 )
+
+
+def default_text(setting):
+    """A setting's default as --help, --check, README and server.json show it ("" when none)."""
+    value = setting.default
+    if setting.kind == "flag":
+        return "0"
+    if setting.name == "A4SX_MCP_SCRUB_WORKERS":
+        return "the CPUs, at most %d" % SCRUB_WORKERS_MAX
+    if setting.kind == "number" and value >= MiB:
+        return "%d MiB" % (value // MiB)
+    return str(value)
+
+
+def setting_bounds(setting):
+    """A number's bounds as --help and --check show them ("" for other kinds)."""
+    if setting.kind == "level":
+        return "one of " + ", ".join(sorted(LOG_LEVELS, key=LOG_LEVELS.get, reverse=True))
+    if setting.kind != "number":
+        return ""
+    return "%s to %s" % (setting.low, setting.high if setting.high is not None else "any")
+
+
+def setting_line(setting):
+    """What a setting does, its default and bounds, in one line (--help, --check, server.json)."""
+    extra = ["default " + default_text(setting)] if default_text(setting) else []
+    extra += [setting_bounds(setting)] if setting_bounds(setting) else []
+    return setting.what + (" [%s]" % "; ".join(extra) if extra else "")
+
+
+def read_setting(setting, env):
+    """The value of a number, flag or level ``setting`` from ``env`` (``environment``'s), by its row."""
+    raw = env[setting.name]
+    if setting.kind == "flag":
+        return raw.lower() in ("1", "true", "yes")
+    if setting.kind == "level":
+        return raw.lower() if raw.lower() in LOG_LEVELS else setting.default
+    default = setting.default
+    if default is None:  # the scrub workers: the CPUs, within the bounds
+        default = min(os.cpu_count() or 1, setting.high)
+    try:
+        value = int(raw)
+    except ValueError:
+        return default
+    if value < setting.low:
+        return default
+    return value if setting.high is None else min(value, setting.high)
+
 
 # EVERY file this process reads (besides its own source, for --version), in the config directory.
 FILES = (
@@ -282,11 +368,6 @@ SESSION_FILES = (
 AS_WRITTEN = ("XDG_CONFIG_HOME", "LOCALAPPDATA", "APPDATA")
 
 
-# Every client measured waits 50 s for a tools/call (the TypeScript SDK's default is 60 s; Codex CLI's
-# 300 s; Claude Desktop cancels from 60 s): a save answers within this, finished or not (``Saves``).
-ANSWER_WITHIN_S = 50
-
-
 def environment():
     """The ``ENVIRONMENT`` variables' values ("" when unset; stripped, except ``AS_WRITTEN``): the one
     place this file reads the process environment (``worker_environment`` only copies the
@@ -294,7 +375,7 @@ def environment():
     ``a4sx.config`` reads the config directory's variables by the same rule as ``config_dir``). ``Settings`` calls it at
     start-up; the token lookup, ``--check`` and ``trust_store`` call it again to read
     ``A4SX_SESSION`` (never kept) and the TLS variables."""
-    values = {name: os.environ.get(name) or "" for name, _ in ENVIRONMENT}
+    values = {row.name: os.environ.get(row.name) or "" for row in ENVIRONMENT}
     return {name: value if name in AS_WRITTEN else value.strip() for name, value in values.items()}
 
 
@@ -382,20 +463,6 @@ def _working_dir():
         return os.getcwd()
     except OSError:
         return ""
-
-
-def _int_setting(env, name, default, minimum=0):
-    """A numeric override; a non-numeric or out-of-range value falls back to the default."""
-    try:
-        value = int(env[name])
-    except ValueError:
-        return default
-    return value if value >= minimum else default
-
-
-def _flag_setting(env, name):
-    """A yes/no setting: ``1``, ``true`` or ``yes`` (any case) is yes; anything else, unset included, no."""
-    return env[name].lower() in ("1", "true", "yes")
 
 
 # --- the server and the token: ssh's rules for the files that choose the one and hold the other ----
@@ -557,15 +624,9 @@ class Settings:
             self.base_refused = None
         except ConfigUntrusted as err:  # no server is chosen: Api.send and find_token refuse, naming why
             self.base, self.base_source, self.base_refused = "https://config-refused.invalid", "refused", err.args[0]
-        self.per_min = _int_setting(env, "A4SX_MCP_PER_MIN", 240)
-        self.acquire_per_min = _int_setting(env, "A4SX_MCP_ACQUIRE_PER_MIN", 20)
-        self.publish_per_min = _int_setting(env, "A4SX_MCP_PUBLISH_PER_MIN", 10)
-        self.max_publish_bytes = _int_setting(env, "A4SX_MCP_MAX_PUBLISH_BYTES", 2 * 1024 * 1024, minimum=1)
-        self.max_local_bytes = _int_setting(env, "A4SX_MCP_MAX_LOCAL_BYTES", 512 * 1024 * 1024, minimum=1)
-        self.scrub_workers = min(SCRUB_WORKERS_MAX, _int_setting(  # the user's value too: a worker holds ~40 MiB
-            env, "A4SX_MCP_SCRUB_WORKERS", min(os.cpu_count() or 1, SCRUB_WORKERS_MAX), minimum=1))
-        self.upload_timeout_s = _int_setting(env, "A4SX_UPLOAD_TIMEOUT_S", 0)
-        self.answer_within_s = _int_setting(env, "A4SX_MCP_ANSWER_WITHIN_S", ANSWER_WITHIN_S)
+        for row in ENVIRONMENT:  # the numbers, flags and level, each by its row
+            if row.attr:
+                setattr(self, row.attr, read_setting(row, env))
         self.session_roots = session_roots(env)
         self.started_at = time.time()
         self.claude_session_id = env["CLAUDE_CODE_SESSION_ID"]
@@ -579,12 +640,6 @@ class Settings:
                                        "set it to the project's full path, or leave it out (the working directory "
                                        "is then used)", local_line(project))
         self.project_dir = "" if self.project_refused else project or _working_dir()
-        self.all_projects = _flag_setting(env, "A4SX_MCP_ALL_PROJECTS")
-        # A project that must never be saved (a setting its team commits in .mcp.json's server entry):
-        # every save refuses (``saves_refused``), the session list and --check say so.
-        self.never_save = _flag_setting(env, "A4SX_MCP_NEVER_SAVE")
-        level = env["A4SX_MCP_LOG"].lower()
-        self.log_level = level if level in LOG_LEVELS else "warning"
 
     def find_token(self):
         """``(token, where)`` for the token stored for this server, or ``(None, None)``: never a
@@ -633,7 +688,6 @@ class Settings:
 # =============================================================================================
 
 USER_AGENT = "a4sx-mcp/%s (python %s)" % (__version__, ".".join(map(str, sys.version_info[:3])))
-KiB, MiB = 1024, 1024 * 1024
 
 
 class Route:
@@ -4643,9 +4697,10 @@ PUBLISH_MAX_ATTEMPTS, PUBLISH_BUSY_MAX_ATTEMPTS, RETRY_WAIT_CAP_S = 3, 6, 60
 
 
 def upload_timeout(size, override):
-    """120 s plus 2 s per MiB, at most 30 min; ``$A4SX_UPLOAD_TIMEOUT_S`` overrides (at most 6 h)."""
+    """120 s plus 2 s per MiB, at most 30 min; ``$A4SX_UPLOAD_TIMEOUT_S`` overrides (``Settings``
+    holds it within its bounds)."""
     if override > 0:
-        return min(override, 6 * 3600)
+        return override
     return min(1800, 120 + size // (512 * 1024))
 
 
@@ -6704,12 +6759,6 @@ def run_check(settings):
         install = "pip install '%s%s'" % (SDK_PACKAGE, SDK_RANGE)
         notes.append("to save sessions (publish_session, publish_local_session), install the a4sx SDK: " + install)
 
-    def per_min(value):
-        return "off" if value == 0 else "%d/min" % value
-
-    out.append("limits:     requests %s, acquire %s, publish %s, publish size %d bytes"
-               % (per_min(settings.per_min), per_min(settings.acquire_per_min), per_min(settings.publish_per_min),
-                  settings.max_publish_bytes))
     out.append("config dir: %s" % settings.config_dir)
     for name in ("untrusted.json", SAVED_SESSIONS_FILE):  # a damaged one stops every save before its upload
         damaged = damaged_record_file(name, settings.config_dir)
@@ -6731,7 +6780,7 @@ def run_check(settings):
         fixes.append(settings.project_refused)
     out.append("saving:     " + (SAVES_OFF + " publish_session and publish_local_session refuse (saving_disabled)."
                                  if settings.never_save else "on (A4SX_MCP_NEVER_SAVE=1 turns it off for a project)"))
-    out += what_it_reads(environment())
+    out += what_it_reads(environment(), settings)
     out.append("log level:  %s (stderr)" % settings.log_level)
     out.append("")
     out += ["to fix: " + fix for fix in fixes] + ["note: " + note for note in notes]
@@ -6741,17 +6790,26 @@ def run_check(settings):
     return 1 if fixes else 0
 
 
-def what_it_reads(env):
+def what_it_reads(env, settings):
     """``--check``'s list of everything this file reads (claim 2): ``ENVIRONMENT`` (set or not, never a
-    value), ``FILES`` and ``SESSION_FILES``."""
-    out = ["reads:      these variables (set or not set; their values are shown only above, never a token's):"]
-    out += ["  %-34s %-8s %s" % (name, "set" if env[name] else "not set", what) for name, what in ENVIRONMENT]
+    value; for a number, flag or level the value in use), ``FILES`` and ``SESSION_FILES``."""
+    out = ["reads:      these variables (set or not set; a token's value is never shown):"]
+    for row in ENVIRONMENT:
+        used = " = %s" % shown_setting(row, getattr(settings, row.attr)) if row.attr else ""
+        out.append("  %-34s %-8s %s%s" % (row.name, "set" if env[row.name] else "not set", setting_line(row), used))
     out.append("            and these files in the config dir:")
     out += ["  %-34s %s; read at %s" % (name, what, when) for name, what, when in FILES]
     out.append("            and the agents' session files (publish_local_session and list_local_sessions only, through "
                "no link below these):")
     out += ["  %-34s %s" % (name, where) for name, where in SESSION_FILES]
     return out
+
+
+def shown_setting(row, value):
+    """A number, flag or level's value in use, as --check shows it."""
+    if row.kind == "flag":
+        return "1" if value else "0"
+    return str(value)
 
 
 def file_digest_line():
@@ -6777,9 +6835,10 @@ It speaks MCP on stdin/stdout until stdin closes; start it from an MCP client.
 
 
 def help_text():
-    """``--help``: the usage, then every setting this file reads (``ENVIRONMENT``, the one list)."""
-    width = max(len(name) for name, _ in ENVIRONMENT)
-    rows = ["  %-*s  %s" % (width, name, what) for name, what in ENVIRONMENT]
+    """``--help``: the usage, then every setting this file reads (``ENVIRONMENT``, the one table), each
+    with what it does, its default and its bounds."""
+    width = max(len(row.name) for row in ENVIRONMENT)
+    rows = ["  %-*s  %s" % (width, row.name, setting_line(row)) for row in ENVIRONMENT]
     return USAGE + "\nSettings, read from the environment (the MCP client's env block):\n" + "\n".join(rows) + "\n"
 
 

@@ -1652,7 +1652,7 @@ REVIEW_SEARCHES = {
                                             "Server.handle_request", "Server.handle_modern", "Server.dispatch"}),
          (r'\bsay\("([^"\\]|\\.)*"\s*[%+.]', set()),
          (r'say\("([^"\\]|\\.)*"\s*("|if\b|\[)', set()),
-         (r"^\s*(%|\+)", {"notice_sentences", "get_prompt", "run_check"}),
+         (r"^\s*(%|\+)", {"notice_sentences", "get_prompt"}),
          (r'^\s*(f?"([^"\\]|\\.)*"\s*[%+.]|f")', {"<module>", "render_context"}),
          (r"resource_page\(|completion_values\(", {"resource_page", "completion_values", "list_resources", "complete"}),
          (r'"uri": params', {"Server.serve_feature"})],
@@ -2168,7 +2168,7 @@ def test_every_environment_variable_read_is_in_the_table():
     with open(SERVER, encoding="utf-8") as f:
         source = f.read()
     named = set(re.findall(r"\b((?:A4SX|CLAUDE|CODEX)_[A-Z0-9_]+)\b", source)) - {"A4SX_UNTRUSTED_SESSION"}
-    listed = {name for name, _ in a4sx_mcp.ENVIRONMENT}
+    listed = {row.name for row in a4sx_mcp.ENVIRONMENT}
     assert named <= listed, named - listed
     with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
         readme = f.read()
@@ -2179,8 +2179,9 @@ def test_check_lists_what_it_reads_without_values(tmp_path):
     secret = "ge_sess_" + secrets.token_hex(20)
     done = run_check("http://127.0.0.1:9", {"A4SX_CONFIG_DIR": str(tmp_path), "A4SX_SESSION": secret,
                                             "A4SX_MCP_LOG": "info"})
-    for name, _ in a4sx_mcp.ENVIRONMENT:
-        assert re.search(r"^  %s +(set|not set) " % name, done.stdout, re.M), name
+    for row in a4sx_mcp.ENVIRONMENT:
+        assert re.search(r"^  %s +(set|not set) " % row.name, done.stdout, re.M), row.name
+    assert re.search(r"^  A4SX_MCP_PER_MIN +not set .* = 240$", done.stdout, re.M)  # the value in use
     assert re.search(r"^  A4SX_SESSION +set ", done.stdout, re.M) and secret not in done.stdout + done.stderr
     assert re.search(r"^  A4SX_MCP_LOG +set ", done.stdout, re.M)
     for name, _, _ in a4sx_mcp.FILES:
@@ -5913,10 +5914,8 @@ def test_scrub_workers_are_clamped_to_the_maximum_whatever_the_user_sets(spawn, 
     assert not is_error, structured
     workers = [pid for pid in os.listdir("/proc") if pid.isdigit() and _safe_parent(pid) == proc.proc.pid]
     assert len(workers) == a4sx_mcp.SCRUB_WORKERS_MAX, workers  # (idle workers stay WORKER_IDLE_S)
-    with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
-        assert "at most %d, whatever it is set to" % a4sx_mcp.SCRUB_WORKERS_MAX in f.read()
     check = run_check(stub.base, {"A4SX_MCP_SCRUB_WORKERS": "1000"})
-    assert "at most %d, whatever is set" % a4sx_mcp.SCRUB_WORKERS_MAX in check.stdout
+    assert re.search(r"^  A4SX_MCP_SCRUB_WORKERS +set .* = %d$" % a4sx_mcp.SCRUB_WORKERS_MAX, check.stdout, re.M)
 
 
 # What a scrub worker does instead of its job, put in its way by a sitecustomize (the worker inherits
@@ -11151,7 +11150,10 @@ def test_check_all_well(stub, token):
     assert "server:     %s (from the --base flag)" % stub.base in out
     assert "sign-in:    found for this server (credentials.json)" in out
     assert "answers:    yes" in out and "accepted:   yes" in out and "all is well" in out
-    assert "a4sx SDK:   0.11" in out and "requests 240/min, acquire 20/min, publish 10/min" in out
+    assert "a4sx SDK:   0.11" in out
+    for name in ("A4SX_MCP_PER_MIN", "A4SX_MCP_ACQUIRE_PER_MIN", "A4SX_MCP_PUBLISH_PER_MIN"):  # in use: defaults
+        row = next(row for row in a4sx_mcp.ENVIRONMENT if row.name == name)
+        assert re.search(r"^  %s +not set .* = %d$" % (name, row.default), out, re.M), name
     assert token not in out + done.stderr
 
 
@@ -11161,7 +11163,7 @@ def test_check_signed_out_and_env_base(stub, monkeypatch):
     assert done.returncode == 1
     assert "(from $A4SX_BASE)" in done.stdout and "none for this server" in done.stdout
     assert "to fix: sign in: run `uvx a4sx login --base %s`" % stub.base in done.stdout
-    assert "requests off" in done.stdout
+    assert re.search(r"^  A4SX_MCP_PER_MIN +set .*\(0: no local limit\).* = 0$", done.stdout, re.M)
 
 
 def test_check_speaks_plain_words_and_its_sign_in_fix_is_the_quickstart_s(stub, env, spawn):
@@ -11359,8 +11361,33 @@ ON_PYPI = ("0.1.0rc2",)  # the a4sx-mcp releases on PyPI (add a version when it 
 # the test runs on a clean clone on any platform.
 REGISTRY_SCHEMA = os.path.join(HERE, "testdata", "mcp-registry", "server.schema.json")
 REGISTRY_SCHEMA_SHA256 = "3fba09590c99f61735d234822279f4223fab9e300c0a81e81c91ab62a4114de0"
-# ENVIRONMENT names a user does not set for this server (the system's, or set by the agent that starts it)
-NOT_USER_SET = ("XDG_CONFIG_HOME", "LOCALAPPDATA", "APPDATA", "HOME", "CLAUDE_CODE_SESSION_ID", "CLAUDE_PROJECT_DIR")
+
+
+def user_settings():
+    """ENVIRONMENT's rows a user sets for this server (not the system's, nor the agent's that starts it)."""
+    return [row for row in a4sx_mcp.ENVIRONMENT if row.kind not in ("system", "agent")]
+
+
+def registry_variables():
+    """server.json's ``environmentVariables``, each made from its ENVIRONMENT row (write the file with
+    ``json.dumps(..., indent=2)`` of these when a setting changes)."""
+    out = []
+    for row in user_settings():
+        entry = {"name": row.name, "description": a4sx_mcp.setting_line(row)}
+        if row.kind == "secret":
+            entry["isSecret"] = True
+        elif row.kind == "number":
+            entry["format"] = "number"
+        elif row.kind == "path":
+            entry["format"] = "filepath"
+        if row.kind == "flag":
+            entry["choices"] = ["0", "1"]
+        elif row.kind == "level":
+            entry["choices"] = sorted(a4sx_mcp.LOG_LEVELS, key=a4sx_mcp.LOG_LEVELS.get, reverse=True)
+        if row.kind in ("number", "level", "flag") and row.default is not None:
+            entry["default"] = str(int(row.default) if row.kind == "flag" else row.default)
+        out.append(entry)
+    return out
 
 
 def test_server_json_is_valid_and_matches_the_package():
@@ -11385,9 +11412,8 @@ def test_server_json_is_valid_and_matches_the_package():
     assert package["registryType"] == "pypi" and package["registryBaseUrl"] == "https://pypi.org"
     assert package["identifier"] == "a4sx-mcp" and package["runtimeHint"] == "uvx"
     assert package["version"] == a4sx_mcp.__version__ and package["transport"] == {"type": "stdio"}
-    # the variables a user may set: ENVIRONMENT's, less the system's and the agents' own; only the token secret
-    listed = [variable["name"] for variable in package["environmentVariables"]]
-    assert listed == [name for name, _ in a4sx_mcp.ENVIRONMENT if name not in NOT_USER_SET]
+    # the variables a user may set, each as its ENVIRONMENT row says (name, what, default, bounds, kind)
+    assert package["environmentVariables"] == registry_variables()
     assert [v["name"] for v in package["environmentVariables"] if v.get("isSecret")] == ["A4SX_SESSION"]
     assert not any(v.get("isRequired") for v in package["environmentVariables"])  # everything is optional
     assert document["remotes"] == [{"type": "streamable-http", "url": "https://session-exchange.com/mcp"}]
@@ -11499,12 +11525,55 @@ def test_quickstart_starts_this_version_for_every_client():
     assert "python3 stub_server.py --demo" in quickstart.split("Sign in")[0]  # the demo comes first
 
 
-def test_help_lists_every_setting():
-    """``--help`` names every variable this file reads (``ENVIRONMENT``), each with what it does."""
+def test_help_lists_every_setting_with_its_default_and_bounds():
+    """``--help`` names every variable this file reads (``ENVIRONMENT``), each with what it does, and
+    each number with its default and bounds as ``Settings`` applies them."""
     done = subprocess.run([sys.executable, SERVER, "--help"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.startswith(a4sx_mcp.USAGE)
     listed = dict(re.findall(r"^  ([A-Z][A-Z0-9_]+)  +(.+)$", done.stdout, re.M))
-    assert listed == {name: what for name, what in a4sx_mcp.ENVIRONMENT}
+    assert list(listed) == [row.name for row in a4sx_mcp.ENVIRONMENT]
+    for row in a4sx_mcp.ENVIRONMENT:
+        assert listed[row.name].startswith(row.what), row
+        if row.kind == "number":
+            shown = re.search(r"\[default ([^;]+); (\d+) to (\d+|any)\]$", listed[row.name])
+            assert shown and shown.group(2) == str(row.low), listed[row.name]
+            assert shown.group(3) == ("any" if row.high is None else str(row.high))
+
+
+def test_every_number_setting_keeps_its_bounds():
+    """Each number row of ``ENVIRONMENT``, as ``Settings`` reads it: below its low bound or not a number
+    gives the default, above its high bound the high bound (the scrub workers: at most 4, whatever is set)."""
+    def read(row, raw):
+        env = {other.name: "" for other in a4sx_mcp.ENVIRONMENT}
+        env[row.name] = raw
+        return a4sx_mcp.read_setting(row, env)
+
+    numbers = [row for row in a4sx_mcp.ENVIRONMENT if row.kind == "number"]
+    assert len(numbers) == 8
+    for row in numbers:
+        default = row.default if row.default is not None else min(os.cpu_count() or 1, row.high)
+        for raw in ("", "x", "1.5", str(row.low - 1), "-7"):
+            assert read(row, raw) == default, (row.name, raw)
+        assert read(row, str(row.low)) == row.low and read(row, str(row.low + 1)) == row.low + 1
+        if row.high is None:
+            assert read(row, str(10 ** 12)) == 10 ** 12
+        else:
+            assert read(row, str(row.high)) == row.high and read(row, str(row.high + 1)) == row.high
+    workers = next(row for row in numbers if row.name == "A4SX_MCP_SCRUB_WORKERS")
+    assert workers.high == a4sx_mcp.SCRUB_WORKERS_MAX and read(workers, "1000") == a4sx_mcp.SCRUB_WORKERS_MAX
+
+
+def test_readme_settings_table_is_environment_s():
+    """README's settings table: one row per setting a user sets, in ``ENVIRONMENT``'s order, with the
+    default and bounds the module applies."""
+    with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    table = readme.split("| Setting | Default | Bounds | What it does |\n|---|---|---|---|\n", 1)[1].split("\n\n")[0]
+    rows = [line.split(" | ") for line in table.splitlines()]
+    assert [row[0].strip("| `") for row in rows] == [row.name for row in user_settings()]
+    for cells, row in zip(rows, user_settings()):
+        assert cells[1] == (a4sx_mcp.default_text(row) or "unset"), cells
+        assert cells[2].strip() == a4sx_mcp.setting_bounds(row), cells
 
 
 def test_readme_snippets_parse_and_name_real_flags_and_variables():
