@@ -131,6 +131,49 @@ def _drop_working_dir(path, how):
 
 sys.path[:] = _drop_working_dir(sys.path, "module" if __name__ != "__main__" else "script" if __spec__ is None else "-m")
 
+
+# --- a copied file's start: loaded as a module, so the parser's tree is not kept -----------------
+# ``python3 a4sx_mcp.py`` keeps the syntax tree of the whole file (~18 MiB) until the script ends,
+# beside its code: 2.3 times the memory of the same file imported. So on POSIX a script start (each
+# scrub worker's too) replaces itself at once (``os.execv``: same process id, pipes and environment)
+# by this interpreter with the same options, running ``_LOAD``, which compiles this file as the
+# module ``a4sx_mcp`` and runs ``main``: the tree is freed as soon as the code exists. No cached
+# bytecode: the code that runs is compiled from the file ``--version`` hashes. Windows has no exec
+# that keeps the process, so there, and if the exec fails, the script runs as it is.
+_LOAD = ("import sys\n"
+         "if sys.path[:1] == ['']: del sys.path[0]\n"  # -c put the working directory first: no import yet
+         "path, sys.argv = sys.argv[1], sys.argv[1:]\n"
+         "module = sys.modules['a4sx_mcp'] = type(sys)('a4sx_mcp')\n"
+         "module.__file__ = path\n"
+         "with open(path, 'rb') as file:\n"
+         "    code = compile(file.read(), path, 'exec')\n"
+         "exec(code, module.__dict__)\n"
+         "del code\n"
+         "module.release_memory()\n"  # the compiler's freed memory goes back before the first answer
+         "sys.exit(module.main())\n")
+
+
+def _interpreter_options():
+    """The command-line options of this interpreter that a new one needs to run alike (the
+    environment, passed on as it is, carries the rest)."""
+    flags = sys.flags
+    options = ["-I"] if flags.isolated else ["-E"] * bool(flags.ignore_environment) + ["-s"] * bool(
+        flags.no_user_site)
+    options += ["-S"] * bool(flags.no_site) + ["-B"] * bool(flags.dont_write_bytecode)
+    options += ["-O"] * flags.optimize + ["-b"] * flags.bytes_warning
+    options += ["-P"] * bool(getattr(flags, "safe_path", False) and not flags.isolated)  # 3.11+; -I has it
+    options += ["-W" + warning for warning in sys.warnoptions]
+    options += ["-X" + (key if value is True else "%s=%s" % (key, value)) for key, value in sys._xoptions.items()]
+    return options
+
+
+if __name__ == "__main__" and __spec__ is None and os.name == "posix" and sys.executable:
+    try:
+        os.execv(sys.executable, [sys.executable] + _interpreter_options() + ["-c", _LOAD, os.path.abspath(__file__)]
+                 + sys.argv[1:])
+    except OSError:
+        pass
+
 # --- imports: everything this file imports at start-up; everything later goes through ``lazy`` ---
 # (after the sys.path clean-up on purpose; each of these costs under 2 ms)
 import binascii  # noqa: E402
@@ -160,7 +203,8 @@ LAZY_IMPORTS = {
     "ipaddress": "telling whether a plain-http base is a loopback address",
     "subprocess": "starting the scrub workers (~9 ms)",
     "tempfile": "a save's private folder for its scrubbed upload (``ScrubbedUpload``)",
-    "ctypes": "glibc's malloc_trim after the first answer and a multi-megabyte call (performance section)",
+    "ctypes": "glibc's malloc_trim after the first answer (a copied file's start: before it) and a "
+              "multi-megabyte call (performance section)",
     "importlib.util": "whether the a4sx SDK is installed (without importing it)",
     "fcntl": "POSIX: the lock that makes a records file's read-modify-write one at a time (``RecordsLock``)",
     "msvcrt": "Windows: the same lock (``RecordsLock``)",
@@ -7089,7 +7133,8 @@ _libc = None
 
 
 def _glibc():
-    """glibc through ctypes, loaded after the first answer (``warm_network``), never before it."""
+    """glibc through ctypes, loaded after the first answer (``warm_network``); a copied file's start
+    (``_LOAD``) loads it before, to give back the compiler's memory (~14 MiB)."""
     global _libc
     if _libc is None and sys.platform.startswith("linux"):
         try:

@@ -2559,6 +2559,27 @@ def test_token_files_and_the_config_dir_are_trusted_like_ssh(spawn, stub, env, t
     assert len(sent) == 4  # the four calls that were allowed; none while refused
 
 
+@pytest.mark.skipif(os.name != "posix" or not os.path.isdir("/proc/self"), reason="POSIX exec, read in /proc")
+def test_a_copied_file_runs_as_a_module_with_the_interpreter_s_options():
+    """``python3 a4sx_mcp.py`` replaces itself (the same process) by the same interpreter with the same
+    options running ``_LOAD`` on the file's full path, so the script's syntax tree is not kept
+    (benchmarks/bench.py measures the memory); it answers as before."""
+    options = ["-I", "-S", "-Wignore", "-Xutf8"]
+    proc = subprocess.Popen([sys.executable] + options + [SERVER, "--base", "http://127.0.0.1:9"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        proc.stdin.write(b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}\n')
+        proc.stdin.flush()
+        assert b'"serverInfo":{"name":"a4sx-mcp"' in proc.stdout.readline()
+        with open("/proc/%d/cmdline" % proc.pid, "rb") as f:
+            cmdline = f.read().decode().split("\0")[:-1]
+        assert cmdline == [sys.executable] + options + ["-c", a4sx_mcp._LOAD, os.path.abspath(SERVER), "--base",
+                                                        "http://127.0.0.1:9"]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_no_code_from_the_working_directory(stub, token, tmp_path):
     """Started in a project folder holding an `a4sx` package and stdlib-named
     modules, none of them runs, however it is started, also at the first library call and a save.
