@@ -133,25 +133,6 @@ sys.path[:] = _drop_working_dir(sys.path, "module" if __name__ != "__main__" els
 
 
 # --- a copied file's start: loaded as a module, so the parser's tree is not kept -----------------
-# ``python3 a4sx_mcp.py`` keeps the syntax tree of the whole file (~18 MiB) until the script ends,
-# beside its code: 2.3 times the memory of the same file imported. So on POSIX a script start (each
-# scrub worker's too) replaces itself at once (``os.execv``: same process id, pipes and environment)
-# by this interpreter with the same options, running ``_LOAD``, which compiles this file as the
-# module ``a4sx_mcp`` and runs ``main``: the tree is freed as soon as the code exists. No cached
-# bytecode: the code that runs is compiled from the file ``--version`` hashes. Windows has no exec
-# that keeps the process, so there, and if the exec fails, the script runs as it is.
-_LOAD = ("import sys\n"
-         "if sys.path[:1] == ['']: del sys.path[0]\n"  # -c put the working directory first: no import yet
-         "path, sys.argv = sys.argv[1], sys.argv[1:]\n"
-         "module = sys.modules['a4sx_mcp'] = type(sys)('a4sx_mcp')\n"
-         "module.__file__ = path\n"
-         "with open(path, 'rb') as file:\n"
-         "    code = compile(file.read(), path, 'exec')\n"
-         "exec(code, module.__dict__)\n"
-         "del code\n"
-         "module.release_memory()\n"  # the compiler's freed memory goes back before the first answer
-         "sys.exit(module.main())\n")
-
 
 def _interpreter_options():
     """The command-line options of this interpreter that a new one needs to run alike (the
@@ -167,12 +148,36 @@ def _interpreter_options():
     return options
 
 
-if __name__ == "__main__" and __spec__ is None and os.name == "posix" and sys.executable:
+def _run_as_module():
+    """Replace this script by the same interpreter compiling this file as the module ``a4sx_mcp``.
+
+    ``python3 a4sx_mcp.py`` keeps the syntax tree of the whole file (~18 MiB) until the script ends,
+    beside its code: 2.3 times the memory of the same file imported. On POSIX, ``os.execv`` keeps
+    the process id, pipes and environment; the new interpreter gets the same options and runs
+    ``load``, which compiles this file (the tree is freed once the code exists), gives the
+    compiler's memory back and runs ``main``. No cached bytecode: the code that runs is compiled
+    from the file ``--version`` hashes. Windows has no exec that keeps the process, so there, and
+    when the exec fails, the script runs as it is."""
+    load = ("import sys\n"
+            "if sys.path[:1] == ['']: del sys.path[0]\n"  # -c put the working directory first; no import yet
+            "path, sys.argv = sys.argv[1], sys.argv[1:]\n"
+            "module = sys.modules['a4sx_mcp'] = type(sys)('a4sx_mcp')\n"
+            "module.__file__ = path\n"
+            "with open(path, 'rb') as file:\n"
+            "    code = compile(file.read(), path, 'exec')\n"
+            "exec(code, module.__dict__)\n"
+            "del code\n"
+            "module.release_memory()\n"
+            "sys.exit(module.main())\n")
     try:
-        os.execv(sys.executable, [sys.executable] + _interpreter_options() + ["-c", _LOAD, os.path.abspath(__file__)]
+        os.execv(sys.executable, [sys.executable] + _interpreter_options() + ["-c", load, os.path.abspath(__file__)]
                  + sys.argv[1:])
     except OSError:
         pass
+
+
+if __name__ == "__main__" and __spec__ is None and os.name == "posix" and sys.executable:
+    _run_as_module()
 
 # --- imports: everything this file imports at start-up; everything later goes through ``lazy`` ---
 # (after the sys.path clean-up on purpose; each of these costs under 2 ms)
@@ -7134,7 +7139,7 @@ _libc = None
 
 def _glibc():
     """glibc through ctypes, loaded after the first answer (``warm_network``); a copied file's start
-    (``_LOAD``) loads it before, to give back the compiler's memory (~14 MiB)."""
+    (``_run_as_module``) loads it before, to give back the compiler's memory (~14 MiB)."""
     global _libc
     if _libc is None and sys.platform.startswith("linux"):
         try:

@@ -1594,10 +1594,11 @@ REVIEW_SEARCHES = {
     1: [(r"^\s*(import \w+|from \S+ import )|import_module", {"<module>", "lazy"}),
         (r"__import__|\bexec\(|\beval\(|CDLL|chdir|meta_path|pickle|exec_module|runpy|find_spec|;\s*(import|from) |"
          r":\s*(import \w+|from \S+ import )",
-         {"_glibc", "sdk_available"})],
+         {"_glibc", "sdk_available", "_run_as_module"})],
     2: [(r"os\.environ\b|os\.environb|getenv|expandvars", {"environment", "ScrubWorker._start"}),
         (r"\bopen\(|fdopen\(|scandir|listdir", {"_read_json", "read_private", "_entries", "open_below", "_opened",
-                                                "file_digest_line", "trusts_nothing", "RecordsLock._take"}),
+                                                "file_digest_line", "trusts_nothing", "RecordsLock._take",
+                                                "_run_as_module"}),
         (r"_read_json\(", {"_read_json", "_read_config", "read_lineage", "_record_file"})],
     3: [(r"\.base\b[^=(]*= ", {"Settings.__init__", "Api.__init__"}),
         (r"find_token\(|Authorization", {"Settings.find_token", "Api.send", "ToolContext.token", "sign_in_status"}),
@@ -1621,7 +1622,7 @@ REVIEW_SEARCHES = {
          r'unlink|mkdir|makedirs|rmdir|truncate|chmod|chown|symlink|link|utime)\b|O_CREAT|O_WRONLY|O_RDWR|shutil|tempfile|'
          r'write_text|write_bytes|libc\.',
          {"<module>", "ScrubWorker._start", "ScrubbedUpload.__init__", "ScrubbedUpload._remove_folder", "RecordsLock._take",
-          "_write_record_file", "read_private", "_glibc", "release_memory"})],
+          "_write_record_file", "read_private", "_glibc", "release_memory", "_run_as_module"})],
     10: [(r'Route\("', {"<module>"}), (r'"acquire"', {"<module>", "tool_acquire_session"})],
     12: [(r"file_digest_line\(", {"file_digest_line", "main"})],
     11: [(r"sys\.(__)?stdout|print\(|os\.write\(", {"scrub_worker_main", "serve", "run_check", "main"}),
@@ -2562,7 +2563,7 @@ def test_token_files_and_the_config_dir_are_trusted_like_ssh(spawn, stub, env, t
 @pytest.mark.skipif(os.name != "posix" or not os.path.isdir("/proc/self"), reason="POSIX exec, read in /proc")
 def test_a_copied_file_runs_as_a_module_with_the_interpreter_s_options():
     """``python3 a4sx_mcp.py`` replaces itself (the same process) by the same interpreter with the same
-    options running ``_LOAD`` on the file's full path, so the script's syntax tree is not kept
+    options compiling the file (its full path) as a module (``_run_as_module``), so the script's syntax tree is not kept
     (benchmarks/bench.py measures the memory); it answers as before."""
     options = ["-I", "-S", "-Wignore", "-Xutf8"]
     proc = subprocess.Popen([sys.executable] + options + [SERVER, "--base", "http://127.0.0.1:9"],
@@ -2573,8 +2574,9 @@ def test_a_copied_file_runs_as_a_module_with_the_interpreter_s_options():
         assert b'"serverInfo":{"name":"a4sx-mcp"' in proc.stdout.readline()
         with open("/proc/%d/cmdline" % proc.pid, "rb") as f:
             cmdline = f.read().decode().split("\0")[:-1]
-        assert cmdline == [sys.executable] + options + ["-c", a4sx_mcp._LOAD, os.path.abspath(SERVER), "--base",
-                                                        "http://127.0.0.1:9"]
+        assert cmdline[:len(options) + 2] == [sys.executable] + options + ["-c"], cmdline
+        assert "compile(" in cmdline[len(options) + 2]  # _run_as_module's loader
+        assert cmdline[len(options) + 3:] == [os.path.abspath(SERVER), "--base", "http://127.0.0.1:9"]
     finally:
         proc.kill()
         proc.wait()

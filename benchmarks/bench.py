@@ -610,11 +610,11 @@ def rows_of(s, mode, data):
              note="%.1fx floor; %.1fx the no-site floor" % (med(s[k]) / floor, med(s[k]) / med(s["pass -S"])))
          for k, name in (("initialize", "initialize"), ("discover", "server/discover"))] + [
         Row("  copied file: python3 a4sx_mcp.py -> initialize", s["script"], "ms",
-            note="compiles the source twice (the script, then _LOAD after the exec); %.1fx floor" % (med(s["script"]) / floor)),
+            note="compiles the source twice (the script, then _run_as_module's loader after the exec); %.1fx floor" % (med(s["script"]) / floor)),
         Row("server RSS after handshake", s["rss"], "MiB", 25 * MiB, "<= 25 MiB", MEM_MARGIN, "max"),
         Row("  copied file: RSS after handshake / imported (same run)", [max(s["script rss"]) / max(s["rss"])], "x",
             SCRIPT_RSS_RATIO, "<= %.2fx" % SCRIPT_RSS_RATIO, MEM_MARGIN, "max",
-            note="%s; the script's syntax tree is not kept (_LOAD): 2.4x before" % fmt(max(s["script rss"]), "MiB")),
+            note="%s; the script's syntax tree is not kept (_run_as_module): 2.4x before" % fmt(max(s["script rss"]), "MiB")),
         Row("server RSS after publishes (SDK loaded)", s["publish rss"], "MiB", 40 * MiB, "<= 40 MiB", MEM_MARGIN,
             "max", note="after %s publishes" % pub),
         Row("scrub worker RSS (child process)", s["worker rss"], "MiB", note="a4sx_mcp.py --scrub-worker"),
