@@ -433,6 +433,8 @@ class UsageError(Exception):
 
 
 def _is_loopback(host):
+    """Whether ``host`` is ``localhost`` or a loopback address: the only hosts plain http may reach.
+    Called from: ``Api.__init__``, ``normalize_base``."""
     host = (host or "").strip("[]").lower()
     if host == "localhost":
         return True
@@ -518,10 +520,10 @@ def _working_dir():
 
 
 def _read_json(path, mode=None):
-    """A small JSON file (a config file, the SDK's records) as it is, or None: never a FIFO or device
-    (opened without waiting for a writer), at most 16 MiB. With ``mode`` (a file that chooses the
-    server), one that is there but is no regular file or has a ``_trust_problem``, checked on the
-    descriptor it is read through (so it cannot be swapped in between), raises ``ConfigUntrusted``."""
+    """A small JSON file (at most 16 MiB) as it is, or None: never a FIFO or device. With ``mode``
+    (a file that chooses the server), one that is no regular file or fails ``_trust_problem`` on the
+    descriptor it is read through (nothing swapped in between) raises ``ConfigUntrusted``.
+    Called from: ``_read_config`` (with ``mode``), ``read_lineage``, ``_record_file``."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError:
@@ -529,11 +531,11 @@ def _read_json(path, mode=None):
     with os.fdopen(fd, "rb") as f:
         try:
             status = os.fstat(fd)
-            problem = mode and os.name == "posix" and _trust_problem(path, status, mode)
+            problem = mode and os.name == "posix" and _trust_problem(path, status, mode)  # claim 3
             if mode and not stat.S_ISREG(status.st_mode):
                 problem = say("%s is not a regular file: remove it, or run `uvx a4sx login` again", local_line(path))
             if problem:
-                raise ConfigUntrusted(problem)
+                raise ConfigUntrusted(problem)  # claim 3
             if not stat.S_ISREG(status.st_mode):
                 return None
             return json.loads(f.read(16 * MiB + 1).decode("utf-8"))
@@ -542,8 +544,9 @@ def _read_json(path, mode=None):
 
 
 def path_problem(path, mode):
-    """Why the config directory (``mode`` "700") or a config file that names a server ("600") must
-    not be trusted, or None (also None when it does not exist, and off POSIX): ``_trust_problem``."""
+    """Why the config directory (``mode`` "700") or a config file ("600") must not be trusted, or
+    None (also when it does not exist, and off POSIX): ``_trust_problem``.
+    Called from: ``Settings.find_token``, ``run_check``."""
     if os.name != "posix":
         return None
     try:
@@ -553,10 +556,10 @@ def path_problem(path, mode):
 
 
 def _read_config(path):
-    """A config file that names a server (``config.json``, ``amdx.json``), or None when there is none.
-    One with a ``_trust_problem``, or there but no JSON object with a text ``base``, would choose where a
-    token goes: it raises ``ConfigUntrusted``, never passed over for the next file or the public server."""
-    data = _read_json(path, "600")
+    """A config file that names a server, or None when there is none. One there but untrusted (a
+    token file's rule) or no JSON object with a text ``base`` raises ``ConfigUntrusted``, never
+    passed over. Called from: ``_stored_base``, ``_legacy_origin``."""
+    data = _read_json(path, "600")  # claim 3
     if os.path.lexists(path) and not (isinstance(data, dict) and isinstance(data.get("base", ""), str)):
         raise ConfigUntrusted(say("%s is not a JSON object naming a server (cut short by an edit?): fix it, or run "
                                   "`uvx a4sx login` again", local_line(path)))
@@ -564,27 +567,28 @@ def _read_config(path):
 
 
 def _stored_base(folder):
-    """``(base, file name)`` of the stored server: ``config.json`` (the CLI), else ``amdx.json`` (the
-    older standalone script); ``(None, None)``. Raises ``ConfigUntrusted`` (``_read_config``)."""
+    """``(base, file name)`` of the stored server: ``config.json`` (the CLI), else ``amdx.json``
+    (the older script); ``(None, None)``. Raises ``ConfigUntrusted`` (``_read_config``).
+    Called from: ``resolve_base``."""
     for name in ("config.json", "amdx.json"):
-        data = _read_config(os.path.join(folder, name))
+        data = _read_config(os.path.join(folder, name))  # claim 3
         if isinstance(data, dict):
             return data.get("base"), name
     return None, None
 
 
 def resolve_base(flag=None, env=None):
-    """``(origin, source)``: ``--base``, else ``$A4SX_BASE``, else the stored sign-in's server, else
-    the public server. Raises ``ValueError`` for a base that must not be used, ``ConfigUntrusted``
-    for a stored sign-in's file another user could have written."""
+    """``(origin, source)`` of the process's one server: ``--base``, else ``$A4SX_BASE``, else the
+    stored one, else the public one. Raises ``ValueError``, ``ConfigUntrusted``.
+    Called from: ``Settings.__init__``."""
     env = environment() if env is None else env
     for value, source in ((flag, "--base"), (env["A4SX_BASE"], "A4SX_BASE")):
         if isinstance(value, str) and value.strip():
-            return normalize_base(value), source
-    value, source = _stored_base(config_dir(env))  # read only when neither chose (it may be refused)
+            return normalize_base(value), source  # claim 3
+    value, source = _stored_base(config_dir(env))  # read only when neither chose (may be refused)
     if isinstance(value, str) and value.strip():
-        return normalize_base(value), source
-    return PUBLIC_BASE, "default"
+        return normalize_base(value), source  # claim 3
+    return PUBLIC_BASE, "default"  # claim 3
 
 
 class ConfigUntrusted(Exception):
@@ -593,22 +597,22 @@ class ConfigUntrusted(Exception):
 
 
 def _trust_problem(path, status, mode):
-    """Why ``path`` must not be trusted (ssh's rule: owned by this user, writable by it alone), or None."""
-    if status.st_uid != os.getuid():
+    """Why ``path`` must not be trusted (ssh's rule: owned by this user, writable by it alone), or
+    None. Called from: ``_read_json``, ``path_problem``, ``read_private``."""
+    if status.st_uid != os.getuid():  # claim 3
         return say("%s is owned by another user: if it is yours, run `sudo chown %d %s`", local_line(path), os.getuid(),
                    local_line(shell_quote(path)))
-    if status.st_mode & 0o022:
+    if status.st_mode & 0o022:  # claim 3
         return say("%s is writable by group or others: run `chmod %s %s`", local_line(path), local_line(mode),
                    local_line(shell_quote(path)))
     return None
 
 
 def read_private(path):
-    """A token file's text, or None when there is none. Like ssh, refuses (``ConfigUntrusted``) a
-    file owned by another user or writable by group or others (its directory is checked first, by
-    ``path_problem``). A file readable by others goes back to 0600 (as the SDK does) through its
-    own descriptor, opened without following a symlink; a symlinked one is never changed, so it is
-    refused until fixed by hand."""
+    """A token file's text, or None. Like ssh, one owned by another user or writable by group or
+    others raises ``ConfigUntrusted`` (``find_token`` checked its folder first); one readable by
+    others goes back to 0600 through its own descriptor, never through a symlink (a symlinked one
+    is refused until fixed by hand). Called from: ``Settings.find_token``."""
     if os.name != "posix":
         try:
             with open(path, encoding="utf-8") as f:
@@ -624,7 +628,7 @@ def read_private(path):
         status = os.fstat(fd)
         if not stat.S_ISREG(status.st_mode):
             return None
-        problem = _trust_problem(path, status, "600")
+        problem = _trust_problem(path, status, "600")  # claim 3
         if problem is None and status.st_mode & 0o077:
             if linked:
                 problem = say("%s (a symlink) is readable by group or others: run `chmod 600 %s`",
@@ -632,7 +636,7 @@ def read_private(path):
             else:
                 os.fchmod(fd, 0o600)
         if problem:
-            raise ConfigUntrusted(problem)
+            raise ConfigUntrusted(problem)  # claim 3
         try:
             return f.read()
         except (OSError, ValueError):
@@ -691,25 +695,21 @@ class Settings:
         self.project_dir = "" if self.project_refused else project or _working_dir()
 
     def find_token(self):
-        """``(token, where)`` for the token stored for this server, or ``(None, None)``: never a
-        token stored for another server. Raises ``ConfigUntrusted`` for a token file another user
-        could write, or when the file that names the server was refused (``base_refused``).
-
-        ``$A4SX_SESSION`` only for ``$A4SX_SESSION_BASE`` (default: the public server; deliberately
-        not ``$A4SX_BASE``), then ``credentials.json``, then the standalone script's ``session``
-        file for the server it is stored for.
-        """
+        """``(token, where)`` stored for this server only (``$A4SX_SESSION`` when its server,
+        ``$A4SX_SESSION_BASE`` or the public one, is this one), or ``(None, None)``; raises
+        ``ConfigUntrusted``.
+        Called from: ``Api.send``, ``ToolContext.token``, ``sign_in_status``."""
         if self.base_refused:
             raise ConfigUntrusted(self.base_refused)
-        origin, env = self.base, environment()
+        origin, env = self.base, environment()  # claim 3: this server's token only
         if env["A4SX_SESSION"]:
             try:
                 env_origin = normalize_base(env["A4SX_SESSION_BASE"] or PUBLIC_BASE)
             except ValueError:
                 env_origin = None
-            if origin == env_origin:
+            if origin == env_origin:  # claim 3
                 return env["A4SX_SESSION"], "A4SX_SESSION"
-        problem = path_problem(self.config_dir, "700")
+        problem = path_problem(self.config_dir, "700")  # claim 3
         if problem:
             raise ConfigUntrusted(problem)
         try:
@@ -717,10 +717,10 @@ class Settings:
         except ValueError:
             creds = None
         if isinstance(creds, dict):
-            token = creds.get(origin)
+            token = creds.get(origin)  # claim 3
             if isinstance(token, str) and token.strip():
                 return token.strip(), "credentials.json"
-        if origin == _legacy_origin(self.config_dir):
+        if origin == _legacy_origin(self.config_dir):  # claim 3
             token = (read_private(os.path.join(self.config_dir, "session")) or "").strip()
             if token:
                 return token, "session file"
@@ -749,13 +749,10 @@ class Route:
         self.max_bytes, self.deadline_s, self.retry = max_bytes, deadline_s, retry
 
 
-# EVERYTHING this process may send to the network. ``Api.send`` takes a name from this table and
-# nothing else: no other path, and no billing or purchase route (acquire never buys). token: the
-# bearer is read and sent by ``Api.send`` itself. max answer: larger answers are refused unread.
-# deadline: TLS + send + read, all of it, and the connect (each of a name's addresses is tried for up
-# to the time left, at most CONNECT_TIMEOUT_S; a publish passes its upload's deadline, by size). retry: a
-# kept-alive connection the server closed while idle is retried once on a fresh one only for
-# requests safe to repeat ("keyed": only with an Idempotency-Key header).
+# EVERYTHING this process may send (claims 4, 10): ``Api.send`` takes a name from this table and
+# nothing else; no billing or purchase route. token: added by ``Api.send`` itself. Claim 5's: max
+# answer (refused unread past it); deadline (connect, TLS, send and read; an upload's by its size);
+# retry once on a fresh connection when the idle one was closed ("keyed": with an Idempotency-Key).
 ROUTES = {
     # name        method  path template             token  max answer  deadline s  retry
     "health":   Route("GET", "/healthz",               False, 64 * KiB,   10,         "yes"),
@@ -897,11 +894,13 @@ class Api:
     redirect; follows redirects only for GETs, within that origin, to a path of ``ROUTES``."""
 
     def __init__(self, settings, max_idle=8):
-        self.settings, self.base = settings, settings.base
+        """The client of ``settings.base``, copied once: every connection goes to its host and port.
+        Called from: ``Server.__init__``, ``run_check``."""
+        self.settings, self.base = settings, settings.base  # claims 3, 4
         parts = urlsplit(self.base)
         self.tls = parts.scheme == "https"
-        self.host, self.port = parts.hostname, parts.port or (443 if self.tls else 80)
-        if not self.tls and not _is_loopback(self.host):  # (normalize_base refuses it first)
+        self.host, self.port = parts.hostname, parts.port or (443 if self.tls else 80)  # claim 4
+        if not self.tls and not _is_loopback(self.host):  # claim 4 (normalize_base refused it too)
             raise ValueError("plain http is for a loopback server only: the token never travels in clear text")
         self.max_idle = max_idle
         self.idle = []              # [(connection, idle since)], most recent last
@@ -915,23 +914,22 @@ class Api:
         self.salt = os.urandom(16)
 
     def send(self, name, params=None, *, data=None, headers=None, deadline_s=None, cancel=None):
-        """One request of route ``name``: ``params`` fill the path template, the rest is the query.
-        ``data``: the body, bytes or a binary file (streamed from its start, its size the Content-Length,
-        within the same deadline). Returns ``(status, parsed JSON body or {})``; an unfollowed redirect
-        comes back as its 3xx. Raises ``SignedOut`` (token route, no token), ``NetworkError`` (no usable
-        answer) or ``ConfigUntrusted`` (the sign-in's files chose no server: ``Settings.base_refused``)."""
+        """The one sender: route ``name``, ``params`` filling its path (the rest: the query),
+        ``data`` the body. ``(status, parsed JSON or {})``; an unfollowed 3xx comes back as it is.
+        Called from: ``ToolContext.send``, ``run_check``."""
         if self.settings.base_refused:
             raise ConfigUntrusted(self.settings.base_refused)
-        route = ROUTES[name]
-        token = self.settings.find_token()[0] if route.token else None
+        route = ROUTES[name]  # claims 4, 10
+        token = self.settings.find_token()[0] if route.token else None  # claim 3
         if route.token and not token:
             raise SignedOut()
-        target = _target(route, params or {})
+        target = _target(route, params or {})  # claim 4
         sent = {"User-Agent": USER_AGENT, "Accept": "application/json"}
         if data is not None:
             sent["Content-Type"] = "application/octet-stream"
             if not isinstance(data, bytes):  # a file: http.client reads it block by block
                 sent["Content-Length"] = str(os.fstat(data.fileno()).st_size)
+        # claim 4: no caller sets Authorization or Host
         if any(not isinstance(key, str) or key.strip().lower() in ("authorization", "host") for key in headers or {}):
             raise ValueError("Api.send takes header names as str, never Authorization or Host")
         sent.update(headers or {})
@@ -946,11 +944,11 @@ class Api:
         try:
             hops = 0
             while True:
-                auth = {"Authorization": "Bearer " + token} if token and not hops else {}
+                auth = {"Authorization": "Bearer " + token} if token and not hops else {}  # claim 3
                 status, location, payload = self._exchange(route.method, target, data, dict(sent, **auth),
                                                            route.max_bytes, (deadline, limit_s), cancel, safe)
                 follow = location and route.method == "GET" and status in REDIRECT_STATUSES and hops < MAX_REDIRECTS
-                target = self._redirect_target(target, location) if follow else None
+                target = self._redirect_target(target, location) if follow else None  # claim 4
                 if target is None:
                     break
                 hops += 1
@@ -975,7 +973,7 @@ class Api:
 
     def _redirect_target(self, current, location):
         """The path and query to request next, or None: another origin, credentials in the URL, or a
-        path that is not a GET route of the table."""
+        path that is not a GET route of the table. Called from: ``Api.send``."""
         parts = urlsplit(urljoin(self.base + current, location.strip()))
         try:
             same = (parts.username is None and parts.password is None
@@ -1005,7 +1003,7 @@ class Api:
                         raise NetworkError(watch[2])
                     if data is not None and not isinstance(data, bytes):
                         data.seek(0)  # a file body is sent whole on every attempt
-                    conn.request(method, target, body=data, headers=headers)
+                    conn.request(method, target, body=data, headers=headers)  # claim 4
                     if watch[2]:
                         raise NetworkError(watch[2])
                     _read_timeout(conn, deadline)
@@ -1133,12 +1131,12 @@ def _shut(conn):
 
 
 def _target(route, params):
-    """The route's path with its ``{fields}`` filled (quoted: one segment, never ``.`` or ``..``, so
-    never another path) and the other params as the query."""
+    """The route's path with its ``{fields}`` filled, each quoted as one segment (never empty, ``.``
+    or ``..``), the other params as the query: a path, never a host. Called from: ``Api.send``."""
     path, query = route.path, {}
     for key, value in params.items():
         if "{%s}" % key in path:
-            segment = quote(_str_param(value), safe="", errors="replace")
+            segment = quote(_str_param(value), safe="", errors="replace")  # claim 4
             if segment in ("", ".", ".."):
                 raise NetworkError(say("refused to send a request whose %s is not a name", plain_name(key)))
             path = path.replace("{%s}" % key, segment)
@@ -3595,8 +3593,9 @@ SCRUB_POOL = ScrubPool()
 class ScrubbedUpload:
     """A save's scrubbed bytes, the upload, written in order as they come to a private temporary file:
     in a folder only this user can open (0700), with no name once made on POSIX (the folder is removed
-    at once; on Windows the file and folder go at ``close``). Only scrubbed bytes are written; their
-    SHA-256 is computed as they are. ``close`` removes it (again: nothing)."""
+    at once; on Windows the file and folder go at ``close``). Only ``write`` adds bytes, called only
+    from ``scrub_transcript`` and ``Joins._write``; their SHA-256 is computed as they are. ``close``
+    removes it (again: nothing). Called from: ``prepare_publish``."""
 
     def __init__(self):
         tempfile = lazy("tempfile")
@@ -3621,7 +3620,7 @@ class ScrubbedUpload:
     def write(self, data, scrubbed):
         """``data``, the scrub of ``scrubbed`` bytes of the transcript."""
         try:
-            self.file.write(data)
+            self.file.write(data)  # claim 7: the upload's only bytes
         except OSError as err:
             raise self._failure(err, say("could not grow")) from None
         self.digest.update(data)
@@ -3650,19 +3649,20 @@ class ScrubbedUpload:
 def scrub_transcript(transcript, each, texts, cancel, workers, upload):
     """The a4sx CLI's rules in mode ``full`` on a ``Transcript``, read once, into ``upload`` (a
     ``ScrubbedUpload``); ``texts`` (the title, the label) too. Each piece read is handed to ``each``
-    first (the checks: it raises to stop), then scrubbed: a small transcript here; a large one, or one
-    that nests near the stack's edge, in batches of whole records (``record_batches``) by up to
-    ``workers`` worker processes at once, joined in order where the SDK carries a key across a cut
-    (``Joins``). ``({lines_changed, rules}, {"title": (text, counts), ...})``: what ``scrub_bytes``
-    gives for the whole transcript (``joined_report``). On a failure or a cancel every worker is
-    stopped at once. Raises ``SdkMissing`` when the SDK is not installed."""
+    first (the checks: it raises to stop), then scrubbed: a small transcript here, by
+    ``scrub_bytes``; a large one, or one that nests near the stack's edge, in batches of whole
+    records (``record_batches``) by up to ``workers`` worker processes at once, their replies taken
+    in order (``Joins.take``). ``({lines_changed, rules}, {"title": (text, counts), ...})``: what
+    ``scrub_bytes`` gives for the whole transcript (``joined_report``). A worker that failed raises
+    ``LocalFailure`` (nothing sent); a cancel stops every worker at once. Raises ``SdkMissing``.
+    Called from: ``prepare_publish``."""
     texts = {key: value for key, value in texts.items() if value}
     pieces = checked_pieces(transcript.pieces, each, cancel)
     if transcript.size <= INPROCESS_SCRUB_BYTES:
         data, scrub = b"".join(pieces), sdk_module("scrub")
         if not nests_near_the_stack_edge(data, getattr(scrub, "_cli_scrub", None)):
             out, report = scrub.scrub_bytes(data, mode="full")
-            upload.write(out, len(data))
+            upload.write(out, len(data))  # claim 7
             return ({"lines_changed": report.lines_changed, "rules": report.rules},
                     {key: list(scrub.scrub_text(value)) for key, value in texts.items()})
         pieces = iter([data])  # checked already; its workers scrub it on any stack or refuse it
@@ -3778,7 +3778,9 @@ class Joins:
             self._write(raw, out, reply)
 
     def _write(self, raw, out, reply):
-        self.upload.write(out, len(raw))
+        """A worker's reply for a batch the SDK carried nothing into, into the upload's file.
+        Called from: ``Joins._done`` (such a batch), ``Joins.finish`` (the end of the file)."""
+        self.upload.write(out, len(raw))  # claim 7
         self.replies.append(reply)
 
     @staticmethod
@@ -4446,10 +4448,11 @@ class ToolContext:
         return self.api.account(self.token())
 
     def send(self, route, params=None, **kw):
-        """``Api.send`` with this call's cancel flag, the sign-in problems as their ToolErrors;
-        ``NetworkError`` passes (a caller that retries needs it as is)."""
+        """``Api.send`` with this call's cancel flag, adding nothing to what is sent; the sign-in
+        problems become their ToolErrors, ``NetworkError`` passes (a caller that retries needs it).
+        Called from: ``ToolContext.request``, ``push_with_retries``, ``tool_acquire_session``."""
         try:
-            return self.api.send(route, params, cancel=self.cancel, **kw)
+            return self.api.send(route, params, cancel=self.cancel, **kw)  # claims 4, 10
         except SignedOut:
             raise not_signed_in(self.settings) from None
         except ConfigUntrusted as err:
@@ -4457,9 +4460,12 @@ class ToolContext:
 
     def request(self, route, params=None, ok=(200,), **kw):
         """A request of ``route`` whose non-``ok`` answers become the mapped ToolError (``ok=None``:
-        any status is returned)."""
+        any status is returned, acquire's 402 too); it adds nothing to what is sent.
+        Called from: ``tool_search_sessions``, ``tool_get_session_summary``,
+        ``tool_acquire_session``, ``tool_fetch_session_context``, ``ensure_library``,
+        ``ToolContext.library``."""
         try:
-            status, body = self.send(route, params, **kw)
+            status, body = self.send(route, params, **kw)  # claim 10
         except NetworkError as err:
             raise network_error(self.settings, err)
         if ok is not None and status not in ok:
@@ -5103,11 +5109,15 @@ def prepare_publish(ctx, held, args, into=None, local=None, also=(False, ())):
 
 
 def send_prepared(ctx, prep):
-    """The private upload of a ``Prepared``, then the taint rule and the records. The result's fields."""
+    """The one upload: ``prep.upload``, the scrubbed file, its SHA-256 and the query
+    ``prepare_publish`` built (no visibility), on the push route; a retry sends the same file.
+    Then the taint rule and the records; the result's fields.
+    Called from: ``publish_checked``, ``tool_publish_local_session``, ``saved_after_preview``."""
     ensure_library(ctx)
     caller_key = prep.idempotency_key or unsettled_key(ctx, prep.content_sha) or str(lazy("uuid").uuid4())
     headers = {"Idempotency-Key": upload_key(caller_key, prep.content_sha, prep.params),
                "X-Content-SHA256": prep.content_sha}
+    # claim 7: the upload, and the only call of push_with_retries
     collection, body = push_with_retries(ctx, prep.upload, prep.params, headers, caller_key, prep.local is not None)
     ctx.settled("saved")
     untrusted = publish_taint(ctx, prep.lineage, prep.framed, prep.parent_row, collection, prep.rows,
