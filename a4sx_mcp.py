@@ -169,9 +169,9 @@ def _run_as_module():
             "del code\n"
             "module.release_memory()\n"
             "sys.exit(module.main())\n")
+    command = [sys.executable] + _interpreter_options() + ["-c", load, os.path.abspath(__file__)]
     try:
-        os.execv(sys.executable, [sys.executable] + _interpreter_options() + ["-c", load, os.path.abspath(__file__)]
-                 + sys.argv[1:])
+        os.execv(sys.executable, command + sys.argv[1:])
     except OSError:
         pass
 

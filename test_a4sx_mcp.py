@@ -1627,7 +1627,7 @@ REVIEW_SEARCHES = {
     10: [(r'Route\("', {"<module>"}), (r'"acquire"', {"<module>", "tool_acquire_session"})],
     12: [(r"file_digest_line\(", {"file_digest_line", "main"})],
     11: [(r"sys\.(__)?stdout|print\(|os\.write\(", {"scrub_worker_main", "serve", "run_check", "main"}),
-         (r"os\._exit|sys\.exit\(|signal\.signal", {"_exit_on_sigterm", "<module>"}),
+         (r"os\._exit|sys\.exit\(|signal\.signal", {"_exit_on_sigterm", "<module>", "_run_as_module"}),
          (r"NetworkError\(", {"<module>", "Api._exchange", "Api._watch", "_target", "_read_body", "_parse"}),
          (r"\blog\(", None)],
     13: [(r"LocalSession\(", {"_found"}),
