@@ -13,18 +13,25 @@ performance code; each section's banner names the claims below that it carries:
 
 0. imports                         (claim 1: the standard library at start; later only ``LAZY_IMPORTS``)
 1. settings and the token          (claims 2, 3: ``ENVIRONMENT``, ``FILES``, ``Settings.find_token``)
-2. the HTTP client                 (claims 4, 5, 16: the ``ROUTES`` table, ``Api.send``)
-3. framing and tool results        (claims 6, 14: the nonce envelope; the only builders of a result and a list)
-4. transcripts and the taint rule  (claims 7, 8, 16: ``check_transcript``, ``publish_taint``; the renderer)
+2. the HTTP client                 (claims 4, 5: the ``ROUTES`` table, ``Api.send``)
+3. framing and tool results        (claims 6, 14: the nonce envelope; the only builders of a result
+                                    and a list)
+4. transcripts and the taint rule  (claims 7, 8, 16: the parse budget, ``check_transcript``,
+                                    ``publish_taint``; the renderer)
 5. local session files             (claims 13, 15: the agents' own transcripts, found and read safely)
 6. the a4sx SDK bridge             (claims 7, 9: the scrub worker, parity, the SDK's records, lazily)
-7. tools                           (claims 7, 10, 15: schemas, validation, handlers, ``publish_checked``,
-                                    ``Saves``: saves answered in time, finished in the background)
-8. resources, prompts, completions (claim 14: the same handlers, picked by the user; prompt texts)
-9. the MCP dispatcher              (both eras, every request answered once, saves as MCP tasks: tested, not a claim)
-10. the stdio loop and ``main``    (claims 11, 12: ``Writer``, ``serve``, ``--check``, ``--version``)
-11. compatibility                  (what each handshake revision shows: ``has``, ``tools_for``)
-12. performance only               (shortcuts that change no result: skip when auditing)
+7. read tools                      (claim 10: schemas, validation, the calls' context, search to
+                                    fetch, ``list_local_sessions``)
+8. the save pipeline               (claims 7, 15: validate, read, check, scrub, upload, record:
+                                    ``publish_checked``, ``send_prepared``)
+9. saves in flight                 (``Saves``: answered within a bound, finished in the background,
+                                    ended on a signal; not a claim)
+10. resources, prompts, completions (claim 14: the same handlers, picked by the user; prompt texts)
+11. the MCP dispatcher             (both eras, every request answered once, saves as MCP tasks:
+                                    tested, not a claim)
+12. the stdio loop and ``main``    (claims 11, 12: ``Writer``, ``serve``, ``--check``, ``--version``)
+13. compatibility                  (what each handshake revision shows: ``has``, ``tools_for``)
+14. performance only               (shortcuts that change no result: skip when auditing)
 
 What it claims, numbered as SECURITY.md's review list, which says for each what to read, the search
 that shows there is no other place, and the test that proves it:
@@ -629,7 +636,7 @@ class Settings:
 
 
 # =============================================================================================
-# 2. The HTTP client: everything sent to the network is a route of ROUTES (claims 4, 5, 16)
+# 2. The HTTP client: everything sent to the network is a route of ROUTES (claims 4, 5)
 # =============================================================================================
 
 USER_AGENT = "a4sx-mcp/%s (python %s)" % (__version__, ".".join(map(str, sys.version_info[:3])))
@@ -670,21 +677,6 @@ CONNECT_TIMEOUT_S = 10
 IDLE_CLOSE_S = 20       # a kept-alive connection unused this long is closed
 MAX_REDIRECTS = 3
 REDIRECT_STATUSES = (301, 302, 303, 307, 308)
-# The shape check: the most json.loads allocates per structural byte on 64-bit CPython (a dict 136,
-# which with its first key's slot, 192, covers a one-key dict, its keys table and the pointer to it; a
-# list 120: its object 56, the four slots its first item gets 32, and that item when it is a number,
-# which no comma pays for, 32; a string's header and pointer 2 x 30, a number and its pointer 40, a
-# dict slot 56), measured with tracemalloc on the worst shapes ([{},{},...], [{"k0000001":1000},...],
-# [1000,...], {"k1":1,...}, one-item lists nested or not: [[[1]]], [-7], [[1.5]]).
-# Beside that structure, the decoded text and the strings' contents are counted (``strings_bound``:
-# at the text's width, 1, 2 or 4 bytes a character, or 4 when \u escapes could widen a string). An answer
-# whose estimate exceeds PARSE_BUDGET x its bytes is refused, so no answer makes memory grow more
-# than PARSE_BUDGET x its own size. Real listings estimate ~8x (ASCII) to ~14x (one emoji makes the
-# whole text 4 bytes a character); [{},{},...] estimates 60x.
-PARSE_COST = ((b"{", 136), (b"[", 120), (b'"', 30), (b",", 40), (b":", 56))
-DEAREST_BYTE = max(each for _, each in PARSE_COST)
-PARSE_BUDGET = 16
-_NOT_STRUCTURE = bytes(byte for byte in range(256) if bytes((byte,)) not in b'{[",:')  # all but PARSE_COST's
 
 
 class NetworkError(Exception):
@@ -1080,132 +1072,6 @@ def _read_timeout(conn, deadline):
 
 def _size(n):
     return say("%d MiB", n // MiB) if n >= MiB else say("%d KiB", n // KiB)
-
-
-def _parse(held):
-    """The body (the only item of ``held``) as JSON, ``{}`` when it is not JSON. Refused
-    (``NetworkError``) when parsing could allocate more than ``PARSE_BUDGET`` times its size."""
-    payload = held.pop()
-    size = len(payload)
-    if not size:
-        return {}
-    cost = _parse_cost(payload)
-    try:
-        text = payload.decode("utf-8")
-    except ValueError:
-        return {}
-    del payload  # a large bundle is held once, not twice, while it is parsed
-    if over_parse_budget(size, cost, True, text) and over_parse_budget(  # performance: escapes looked for
-            size, cost, "\\u" in text, text):  # only when counting them anyway is over (the text has the bytes')
-        raise NetworkError(say("the answer's shape was refused: %d bytes that would parse into more than %d times "
-                               "that", size, PARSE_BUDGET))
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError):
-        return {}
-
-
-def over_parse_budget(size, cost, escapes, text):
-    """The shape check: True when parsing ``text`` (decoded from ``size`` bytes whose structure costs
-    ``cost``; ``escapes``: they hold a ``\\u``) could allocate more than PARSE_BUDGET times ``size``
-    plus 64 KiB."""
-    return sys.getsizeof(text) + strings_bound(text, escapes) + cost > PARSE_BUDGET * size + 64 * KiB
-
-
-def parse_within_budget(data, structural=None):
-    """A record an answer carried inside it (a fetched session's ``canonical.json`` or one JSONL line,
-    decoded from base64) parsed like ``parse_record``, or None when the shape check refuses it: the
-    content parsed again is held to the answer's bound. ``structural``: how many of its bytes are
-    ``PARSE_COST``'s, when the caller counted them (``lines_and_structure``)."""
-    text = data.decode("utf-8", "replace")
-    coarse = sys.getsizeof(text) + 4 * len(data) + DEAREST_BYTE * (structural or 0)  # each at the dearest
-    if structural is not None and coarse <= PARSE_BUDGET * len(data) + 64 * KiB:  # performance: a coarser bound
-        return parse_record(text)
-    escapes = b"\\u" in data
-    if over_parse_budget(len(data), _parse_cost(data), escapes, text) and over_parse_budget(  # performance:
-            len(data), _parse_cost(data, exact=True), escapes, text):  # the exact count only when the bound is over
-        return None
-    return parse_record(text)
-
-
-def strings_bound(text, escapes):
-    """The most the parsed strings' characters can take: the text's characters at its own width (no
-    string is wider than the text it comes from), or at 4 bytes when ``\\u`` escapes could spell
-    wider characters than the text holds (a surrogate pair in ASCII text makes a 4-byte string)."""
-    width = 4 if escapes else (sys.getsizeof(text) - sys.getsizeof(text[:0])) // max(len(text), 1)
-    return width * len(text)
-
-
-def _parse_cost(payload, exact=False):
-    """``PARSE_COST`` summed over ``payload``'s structural bytes. With many quotes, every such byte
-    counts (inside strings too: an upper bound, and a fast one); with few (a fetched bundle: megabytes
-    in a few strings), or when ``exact``, only the quotes and the bytes outside strings, which is exact
-    and keeps a large bundle within the budget. Either way the count is never below what parsing
-    allocates."""
-    quotes = payload.count(b'"')
-    if quotes > len(payload) >> 12 and not exact:
-        structure = payload.translate(None, _NOT_STRUCTURE)  # performance: counted on those bytes alone
-        return sum(structure.count(char) * each for char, each in PARSE_COST)
-    structure = [(char, each) for char, each in PARSE_COST if char != b'"']
-    cost, pos = quotes * dict(PARSE_COST)[b'"'], 0
-    while True:
-        start = payload.find(b'"', pos)
-        cost += sum(payload.count(char, pos, len(payload) if start < 0 else start) * each for char, each in structure)
-        close = start
-        while start >= 0:  # the closing quote: one not escaped by an odd run of backslashes
-            close = payload.find(b'"', close + 1)
-            if close < 0:
-                return cost  # never closed: not JSON, and nothing past it is parsed
-            run = payload[max(start + 1, close - 64):close]
-            escapes = len(run) - len(run.rstrip(b"\\"))
-            if escapes == 64:  # too long a run to judge cheaply: count everything
-                return sum(payload.count(char) * each for char, each in PARSE_COST)
-            if escapes % 2 == 0:
-                break
-        if start < 0:
-            return cost
-        pos = close + 1
-
-
-# A session's lines (a transcript to publish, a session file's tail or first line) are parsed one at
-# a time while the whole file is held, each within a room that grows with the file: at most twice the
-# file plus 16 MiB, estimated from the line's bytes before they are decoded (a line of one emoji in
-# ASCII decodes to 4 bytes a character). The file, a line's bytes and that room keep the server
-# within 5x the file + 64 MiB whatever the line's shape; a save's files (the session's, each
-# subagent's, an earlier session's) are read one at a time, each line's room from its own file's size,
-# so a save stays within 5x the largest file it reads + 64 MiB (SECURITY.md claim 16; measured in
-# benchmarks/bench.py). A line costing at most WORST_BYTE_COST a byte fits without being counted.
-LINE_ROOM_PER_FILE_BYTE = 2
-LINE_ROOM_SLACK = 16 * MiB
-WORST_BYTE_COST = 4 + 4 + DEAREST_BYTE  # its text and strings at 4 bytes a character, a "{" for every byte
-_WIDEST_LEAD = re.compile(b"[\xf0-\xff]")  # an astral character's first byte (or an invalid one)
-
-
-def line_room(file_size):
-    """The most parsing one line of a ``file_size``-byte session may allocate."""
-    return LINE_ROOM_PER_FILE_BYTE * file_size + LINE_ROOM_SLACK
-
-
-def line_over_budget(raw, room, texts=1):
-    """True when decoding the line ``raw`` (bytes; ``texts`` copies of its text) and parsing it could
-    allocate more than ``room``: its text at the widest width its bytes allow, its strings as
-    ``strings_bound`` counts them, its structure as ``_parse_cost`` does (the exact count only when the
-    fast one is over)."""
-    size = len(raw)
-    if texts * 80 + (WORST_BYTE_COST + 4 * (texts - 1)) * size <= room:  # performance: no shape costs more
-        return False
-    width = 1 if raw.isascii() else 4 if _WIDEST_LEAD.search(raw) else 2
-    text = texts * (80 + width * (size + 1)) + (4 if b"\\u" in raw else width) * size
-    return text + _parse_cost(raw) > room and text + _parse_cost(raw, exact=True) > room
-
-
-def session_line(raw, room, errors="strict"):
-    """``(None, True)`` when a session's line ``raw`` is over ``room`` (``line_over_budget``: not
-    decoded, not parsed), else ``(parse_record of its text, False)``; an invalid UTF-8 line raises
-    UnicodeDecodeError unless ``errors`` is ``"replace"``."""
-    if line_over_budget(raw, room):
-        return None, True
-    return parse_record(raw.decode("utf-8", errors)), False
 
 
 def _network_reason(err):
@@ -1799,9 +1665,11 @@ def completion_values(candidates, prefix):
 
 
 # =============================================================================================
-# 4. Transcripts and the taint rule: what publishing accepts and marks; the renderer (claims 7, 8, 16)
+# 4. Transcripts: parsed within a budget, checked, the taint rule, the renderer (claims 7, 8, 16)
 # =============================================================================================
 
+
+# --- parsing within a budget: an answer, a record it carries, a session's line (claim 16) --------
 
 # Transcript records are read leniently: a raw control character (FS, VT ...) inside a JSON string
 # is invalid JSON, but it must not make a real turn disappear.
@@ -1814,6 +1682,152 @@ def parse_record(line):
         return _RECORD.decode(line)
     except (ValueError, RecursionError):
         return None
+
+
+# The shape check: the most json.loads allocates per structural byte on 64-bit CPython (a dict 136,
+# which with its first key's slot, 192, covers a one-key dict, its keys table and the pointer to it; a
+# list 120: its object 56, the four slots its first item gets 32, and that item when it is a number,
+# which no comma pays for, 32; a string's header and pointer 2 x 30, a number and its pointer 40, a
+# dict slot 56), measured with tracemalloc on the worst shapes ([{},{},...], [{"k0000001":1000},...],
+# [1000,...], {"k1":1,...}, one-item lists nested or not: [[[1]]], [-7], [[1.5]]).
+# Beside that structure, the decoded text and the strings' contents are counted (``strings_bound``:
+# at the text's width, 1, 2 or 4 bytes a character, or 4 when \u escapes could widen a string). An answer
+# whose estimate exceeds PARSE_BUDGET x its bytes is refused, so no answer makes memory grow more
+# than PARSE_BUDGET x its own size. Real listings estimate ~8x (ASCII) to ~14x (one emoji makes the
+# whole text 4 bytes a character); [{},{},...] estimates 60x.
+PARSE_COST = ((b"{", 136), (b"[", 120), (b'"', 30), (b",", 40), (b":", 56))
+DEAREST_BYTE = max(each for _, each in PARSE_COST)
+PARSE_BUDGET = 16
+_NOT_STRUCTURE = bytes(byte for byte in range(256) if bytes((byte,)) not in b'{[",:')  # all but PARSE_COST's
+
+
+def _parse(held):
+    """The body (the only item of ``held``) as JSON, ``{}`` when it is not JSON. Refused
+    (``NetworkError``) when parsing could allocate more than ``PARSE_BUDGET`` times its size."""
+    payload = held.pop()
+    size = len(payload)
+    if not size:
+        return {}
+    cost = _parse_cost(payload)
+    try:
+        text = payload.decode("utf-8")
+    except ValueError:
+        return {}
+    del payload  # a large bundle is held once, not twice, while it is parsed
+    if over_parse_budget(size, cost, True, text) and over_parse_budget(  # performance: escapes looked for
+            size, cost, "\\u" in text, text):  # only when counting them anyway is over (the text has the bytes')
+        raise NetworkError(say("the answer's shape was refused: %d bytes that would parse into more than %d times "
+                               "that", size, PARSE_BUDGET))
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return {}
+
+
+def over_parse_budget(size, cost, escapes, text):
+    """The shape check: True when parsing ``text`` (decoded from ``size`` bytes whose structure costs
+    ``cost``; ``escapes``: they hold a ``\\u``) could allocate more than PARSE_BUDGET times ``size``
+    plus 64 KiB."""
+    return sys.getsizeof(text) + strings_bound(text, escapes) + cost > PARSE_BUDGET * size + 64 * KiB
+
+
+def parse_within_budget(data, structural=None):
+    """A record an answer carried inside it (a fetched session's ``canonical.json`` or one JSONL line,
+    decoded from base64) parsed like ``parse_record``, or None when the shape check refuses it: the
+    content parsed again is held to the answer's bound. ``structural``: how many of its bytes are
+    ``PARSE_COST``'s, when the caller counted them (``lines_and_structure``)."""
+    text = data.decode("utf-8", "replace")
+    coarse = sys.getsizeof(text) + 4 * len(data) + DEAREST_BYTE * (structural or 0)  # each at the dearest
+    if structural is not None and coarse <= PARSE_BUDGET * len(data) + 64 * KiB:  # performance: a coarser bound
+        return parse_record(text)
+    escapes = b"\\u" in data
+    if over_parse_budget(len(data), _parse_cost(data), escapes, text) and over_parse_budget(  # performance:
+            len(data), _parse_cost(data, exact=True), escapes, text):  # the exact count only when the bound is over
+        return None
+    return parse_record(text)
+
+
+def strings_bound(text, escapes):
+    """The most the parsed strings' characters can take: the text's characters at its own width (no
+    string is wider than the text it comes from), or at 4 bytes when ``\\u`` escapes could spell
+    wider characters than the text holds (a surrogate pair in ASCII text makes a 4-byte string)."""
+    width = 4 if escapes else (sys.getsizeof(text) - sys.getsizeof(text[:0])) // max(len(text), 1)
+    return width * len(text)
+
+
+def _parse_cost(payload, exact=False):
+    """``PARSE_COST`` summed over ``payload``'s structural bytes. With many quotes, every such byte
+    counts (inside strings too: an upper bound, and a fast one); with few (a fetched bundle: megabytes
+    in a few strings), or when ``exact``, only the quotes and the bytes outside strings, which is exact
+    and keeps a large bundle within the budget. Either way the count is never below what parsing
+    allocates."""
+    quotes = payload.count(b'"')
+    if quotes > len(payload) >> 12 and not exact:
+        structure = payload.translate(None, _NOT_STRUCTURE)  # performance: counted on those bytes alone
+        return sum(structure.count(char) * each for char, each in PARSE_COST)
+    structure = [(char, each) for char, each in PARSE_COST if char != b'"']
+    cost, pos = quotes * dict(PARSE_COST)[b'"'], 0
+    while True:
+        start = payload.find(b'"', pos)
+        cost += sum(payload.count(char, pos, len(payload) if start < 0 else start) * each for char, each in structure)
+        close = start
+        while start >= 0:  # the closing quote: one not escaped by an odd run of backslashes
+            close = payload.find(b'"', close + 1)
+            if close < 0:
+                return cost  # never closed: not JSON, and nothing past it is parsed
+            run = payload[max(start + 1, close - 64):close]
+            escapes = len(run) - len(run.rstrip(b"\\"))
+            if escapes == 64:  # too long a run to judge cheaply: count everything
+                return sum(payload.count(char) * each for char, each in PARSE_COST)
+            if escapes % 2 == 0:
+                break
+        if start < 0:
+            return cost
+        pos = close + 1
+
+
+# A session's lines (a transcript to publish, a session file's tail or first line) are parsed one at
+# a time while the whole file is held, each within a room that grows with the file: at most twice the
+# file plus 16 MiB, estimated from the line's bytes before they are decoded (a line of one emoji in
+# ASCII decodes to 4 bytes a character). The file, a line's bytes and that room keep the server
+# within 5x the file + 64 MiB whatever the line's shape; a save's files (the session's, each
+# subagent's, an earlier session's) are read one at a time, each line's room from its own file's size,
+# so a save stays within 5x the largest file it reads + 64 MiB (SECURITY.md claim 16; measured in
+# benchmarks/bench.py). A line costing at most WORST_BYTE_COST a byte fits without being counted.
+LINE_ROOM_PER_FILE_BYTE = 2
+LINE_ROOM_SLACK = 16 * MiB
+WORST_BYTE_COST = 4 + 4 + DEAREST_BYTE  # its text and strings at 4 bytes a character, a "{" for every byte
+_WIDEST_LEAD = re.compile(b"[\xf0-\xff]")  # an astral character's first byte (or an invalid one)
+
+
+def line_room(file_size):
+    """The most parsing one line of a ``file_size``-byte session may allocate."""
+    return LINE_ROOM_PER_FILE_BYTE * file_size + LINE_ROOM_SLACK
+
+
+def line_over_budget(raw, room, texts=1):
+    """True when decoding the line ``raw`` (bytes; ``texts`` copies of its text) and parsing it could
+    allocate more than ``room``: its text at the widest width its bytes allow, its strings as
+    ``strings_bound`` counts them, its structure as ``_parse_cost`` does (the exact count only when the
+    fast one is over)."""
+    size = len(raw)
+    if texts * 80 + (WORST_BYTE_COST + 4 * (texts - 1)) * size <= room:  # performance: no shape costs more
+        return False
+    width = 1 if raw.isascii() else 4 if _WIDEST_LEAD.search(raw) else 2
+    text = texts * (80 + width * (size + 1)) + (4 if b"\\u" in raw else width) * size
+    return text + _parse_cost(raw) > room and text + _parse_cost(raw, exact=True) > room
+
+
+def session_line(raw, room, errors="strict"):
+    """``(None, True)`` when a session's line ``raw`` is over ``room`` (``line_over_budget``: not
+    decoded, not parsed), else ``(parse_record of its text, False)``; an invalid UTF-8 line raises
+    UnicodeDecodeError unless ``errors`` is ``"replace"``."""
+    if line_over_budget(raw, room):
+        return None, True
+    return parse_record(raw.decode("utf-8", errors)), False
+
+
+# --- transcripts: what a save accepts, each harness's record envelope on every line (claim 7) ----
 
 
 def byte_lines(data):
@@ -3931,7 +3945,7 @@ def record_saved(base, key, collection):
 
 
 # =============================================================================================
-# 7. Tools: schemas, validation, handlers, the publish pipeline (claims 7, 10, 15)
+# 7. Read tools: schemas, validation, the calls' context, search to fetch, the local list (claim 10)
 # =============================================================================================
 
 ID_SCHEMA = {"type": "string", "minLength": 1, "maxLength": 200, "pattern": ID_PATTERN}
@@ -4111,6 +4125,59 @@ TOOLS_BY_NAME = {tool["name"]: tool for tool in TOOLS}
 # larger size; fetch's largest result (max_tokens 100,000: 400,000 characters, JSON-escaped in the
 # structured copy) fits in 500,000.
 CLIENT_META = {"fetch_session_context": {"anthropic/maxResultSizeChars": 500000}}
+
+
+# --- output schemas: the structuredContent every result carries ----------------------------------
+
+_TEXT = {"type": "string"}
+_FLAG = {"type": "boolean"}
+_COUNT = {"type": "integer", "minimum": 0}
+_ENVELOPED = {"type": "string",
+              "description": "One JSON line in the nonce envelope: json.loads(data.split(\"\\n\")[1])"}
+_ERROR_RESULT = {"properties": {"error": {"type": "string", "pattern": "^[a-z][a-z0-9_]{0,63}$"}, "message": _TEXT,
+                                "notice": _TEXT, "data": _TEXT},
+                 "required": ["error", "message"]}
+
+
+def _output_schema(properties, required):
+    """An isError result or the tool's own result; every JSON read result starts with its notice."""
+    props = dict({"notice": _TEXT, "untrusted": _FLAG}, **properties)
+    return {"type": "object", "anyOf": [
+        {"properties": props, "required": ["notice", "untrusted"] + list(required)}, _ERROR_RESULT]}
+
+
+OUTPUT_SCHEMAS = {
+    "search_sessions": _output_schema({
+        "scope": {"enum": ["public", "library"]}, "total": _COUNT, "next_offset": _COUNT,
+        "truncated": _FLAG, "next": _TEXT, "data": _ENVELOPED}, ["scope", "total", "data"]),
+    "get_session_summary": _output_schema({
+        "source": {"enum": ["marketplace", "library"]}, "truncated": _FLAG, "data": _ENVELOPED}, ["source", "data"]),
+    "acquire_session": _output_schema({
+        "status": {"enum": ["acquired", "payment_required"]}, "next": _TEXT, "data": _ENVELOPED},
+        ["status", "data"]),
+    "fetch_session_context": _output_schema({
+        "status": {"const": "ok"}, "source": {"const": "library"}, "max_tokens": _COUNT, "approx_tokens": _COUNT,
+        "truncated": _FLAG, "turns_total": _COUNT, "turns_included": _COUNT, "next": _TEXT, "context": _TEXT},
+        ["status", "source", "max_tokens", "approx_tokens", "truncated", "turns_total", "turns_included", "context"]),
+    "publish_session": _output_schema({
+        "status": {"const": "saved"}, "visibility": {"enum": ["private", "public"]},
+        "visibility_confirmed": {"type": "boolean", "description": "false: not in the answer; what was requested"},
+        "deduped": _FLAG, "joined": _FLAG, "options_applied": {"type": "boolean", "description": "false: deduped; "
+                                                                                            "options not applied"},
+        "next": _TEXT, "data": _ENVELOPED}, ["status", "visibility", "data"]),
+}
+# A save not done within ANSWER_WITHIN_S answers this (``saving_result``): no author text in it.
+OUTPUT_SCHEMAS["publish_session"]["anyOf"].append({  # beside them: stage (Words), elapsed_s (a count)
+    "properties": {"status": {"const": "saving"}, "save_id": _TEXT, "next": _TEXT}, "required": ["status", "save_id",
+                                                                                                  "next"]})
+OUTPUT_SCHEMAS["publish_local_session"] = json.loads(json.dumps(OUTPUT_SCHEMAS["publish_session"]))
+OUTPUT_SCHEMAS["publish_local_session"]["anyOf"][0]["properties"]["status"] = {"enum": ["saved", "preview"]}
+OUTPUT_SCHEMAS["list_local_sessions"] = _output_schema({
+    "scope": {"const": "local"}, "total": _COUNT, "next_offset": _COUNT, "truncated": _FLAG, "next": _TEXT,
+    "data": _ENVELOPED}, ["scope", "total", "data"])
+
+
+# --- validation and rate limits: what a call passes before its handler runs ----------------------
 
 _PATTERNS = {}
 
@@ -4634,524 +4701,6 @@ def tool_fetch_session_context(ctx, args):
     return context_result(body, untrusted, fields, hint)
 
 
-# --- publish_session ----------------------------------------------------------------------------
-
-PUBLISH_RETRY_WAITS_S = (5, 15)
-PUBLISH_RETRY_STATUSES = (429, 502, 503, 504)
-PUBLISH_BUSY_CODES = ("scrub_busy", "scrub_pool_busy")
-PUBLISH_MAX_ATTEMPTS, PUBLISH_BUSY_MAX_ATTEMPTS, RETRY_WAIT_CAP_S = 3, 6, 60
-
-
-def upload_timeout(size, override):
-    """120 s plus 2 s per MiB, at most 30 min; ``$A4SX_UPLOAD_TIMEOUT_S`` overrides (at most 6 h)."""
-    if override > 0:
-        return min(override, 6 * 3600)
-    return min(1800, 120 + size // (512 * 1024))
-
-
-def retry_wait(attempt, details):
-    """The server's ``retry_after_s`` (capped at 60 s), else 5 s then 15 s; plus up to 25 % jitter."""
-    hint = retry_after_of(details)
-    base = min(hint, RETRY_WAIT_CAP_S) if hint else PUBLISH_RETRY_WAITS_S[min(attempt, len(PUBLISH_RETRY_WAITS_S) - 1)]
-    return base + lazy("random").uniform(0, base * 0.25)
-
-
-def resolve_parent(rows, name):
-    """Like the CLI: exact id, then label (or a ``label:<name>`` tag), then a unique substring of
-    title or id; None when nothing (or more than one row) matches. A row without a string id is
-    never a parent."""
-    rows = [row for row in rows if isinstance(row.get("id"), str)]
-    for row in rows:
-        if row.get("id") == name:
-            return row
-    for row in rows:
-        if row.get("label") == name or "label:" + name in _list(row.get("tags")):
-            return row
-    needle = name.lower()
-    hits = [r for r in rows if needle in (_str(r.get("title")) + _str(r.get("id"))).lower()]
-    return hits[0] if len(hits) == 1 else None
-
-
-def ensure_library(ctx, again=False):
-    """``POST /library/ensure`` once per account and process; ``again`` when a push found the
-    library gone."""
-    account = ctx.account()
-    if again or account not in ctx.api.ensured:
-        ctx.request("ensure", ok=(200, 201, 204), data=b"")
-        ctx.api.ensured.add(account)
-
-
-def saves_refused(settings):
-    """A project that must never be saved (``A4SX_MCP_NEVER_SAVE``): every save refuses first, nothing read."""
-    if settings.never_save:
-        raise ToolError("saving_disabled", say("Saving is turned off for this project: A4SX_MCP_NEVER_SAVE is set in "
-                                               "this server's configuration (the project's MCP settings). Nothing was "
-                                               "read or sent."))
-
-
-def tool_publish_session(ctx, args):
-    saves_refused(ctx.settings)
-    ctx.token()
-    data = args["transcript"].encode("utf-8", "surrogatepass")
-    ctx.holding(len(data))
-    cap = ctx.settings.max_publish_bytes
-    if len(data) > cap:
-        raise ToolError("too_large", say("The transcript is %d bytes; publish_session takes at most %d bytes. Save "
-                                         "larger sessions with the a4sx CLI: `a4sx push <file>`.", len(data), cap),
-                        size=len(data), cap=cap)
-    digest = lazy("hashlib").sha256(data).hexdigest()
-    if "content_sha256" in args and digest != args["content_sha256"].lower():
-        raise ToolError("content_sha_mismatch", say("content_sha256 does not match the SHA-256 of the transcript's "
-                                                    "UTF-8 bytes: it was changed or cut on the way. Nothing was sent."))
-    take_publish_slot(ctx)
-    ctx.claim("sha256:" + digest, save_options(args))
-    return saved_result(publish_checked(ctx, [in_pieces(data)], args))
-
-
-def save_options(args):
-    """What else makes two saves of the same bytes one save (``Saves.claim``, ``Previews``): their
-    options, canonically."""
-    wanted = {name: args.get(name) for name in ("title", "label", "parent", "idempotency_key")}
-    wanted["images"] = "placeholder" if args.get("images") == "placeholder" else "keep"
-    return json.dumps(wanted, sort_keys=True)
-
-
-def saved_result(result):
-    """A save's result (``fields`` kept, so a save that joined it can say so: ``Saves.result_of``)."""
-    hint = (SAVED_PUBLIC_NEXT if result["visibility"] == "public" else UNCHANGED_OPTIONS_NEXT if result.get(
-        "options_applied") is False else UNCHANGED_NEXT if result["deduped"] else SAVED_NEXT)  # as the answer says
-    out = json_result(result, result["untrusted"], "saved", hint_next=hint)
-    out.fields = result
-    return out
-
-
-def tool_publish_local_session(ctx, args):
-    """publish_session's pipeline on a session file of this machine (section 5): the current one
-    or one named by id; saved again, it becomes a new version of the entry it was saved to. With
-    ``preview``, all but the upload: what would leave, and where (kept briefly: ``Previews``)."""
-    saves_refused(ctx.settings)
-    ctx.token()
-    take_publish_slot(ctx)  # before anything is looked for or read
-    try:
-        session, how = find_session(ctx.settings, args["session"], ctx.meta, ctx.cancel)
-    except NoSession as err:
-        return framed_error("no_local_session", say("%s Nothing was sent.", err.message),
-                           {"sessions": [s.describe() for s in err.sessions]}, False, "no_local_session")
-    key, options, preview = "%s:%s" % (session.harness, session.id), save_options(args), args.get("preview")
-    kept = None if preview else ctx.server.previews.find(key, options)
-    transcript = read_session(session, ctx.settings.max_local_bytes, kept[2]["bytes"] if kept else 0)
-    ctx.holding(transcript.size)
-    if kept is not None and (transcript.prefix_sha256 != kept[3] or framed_since(ctx, session, kept)):
-        ctx.server.previews.drop(key, options)  # the file no longer begins with what it showed, or a part changed
-        kept = None
-    try:
-        if not preview:
-            ctx.claim(key, "%s %s" % (options, transcript.sha256))  # other options (images too) or bytes: not joined
-    except BaseException:
-        transcript.close()
-        raise
-    try:
-        into = saved_entry(ctx.settings.base, key)  # (after the claim: a save it waited for may have made it)
-    except SdkMissing:
-        into = None  # prepare_publish says what is missing
-    if kept is not None and kept[0].into == into and ctx.server.previews.take(key, options, kept[0]):
-        transcript.close()
-        return saved_after_preview(ctx, session, how, kept, transcript)
-    omit = args.get("images") == "placeholder"  # the user's choice, never made here
-    found = {"read": 0, "lines": transcript.lines, "call": not session.call, "carried": None, "parts": None,
-             "images": {"choice": "placeholder", "replaced": 0, "bytes_removed": 0} if omit else {"choice": "keep"}}
-    transcript.pieces = as_saved(transcript, session, omit, found)
-
-    def other_files():
-        """What the taint rule sees of the session's other files, once its own were read (its records
-        name the earlier session it continues); and its bytes read must hold the call it was found by."""
-        parts = found["parts"] = session_parts(session, found["carried"], ctx.settings.max_local_bytes, session.call)
-        if not (found["call"] or parts["call_in_subagent"]):
-            raise ToolError("session_unreadable", say("The session file changed after it was found: the bytes read "
-                                                      "no longer hold this call. Nothing was sent."))
-        return parts["framed"], earlier_entries(ctx, parts)
-
-    prep = prepare_publish(ctx, [transcript], args, into=into, local=key, also=other_files)
-    local = local_description(session, how, found)
-    if preview:
-        result = previewed(ctx, prep, local)
-        ctx.server.previews.keep(key, options, (prep, found, {"bytes": found["read"], "lines": found["lines"]}),
-                                 transcript.sha256)
-        return json_result(result, result["untrusted"], "preview", hint_next=PREVIEW_NEXT)
-    try:
-        result = send_prepared(ctx, prep)
-    finally:
-        prep.close()
-    result["local_session"], result["from_preview"] = local, False
-    return saved_result(result)
-
-
-def framed_since(ctx, session, kept):
-    """True when a part of the session (a subagent's file, the earlier session it continues) holds
-    framing that the kept preview did not see: the save is then decided afresh."""
-    prep, found = kept[0], kept[1]
-    return not prep.framed and session_parts(session, found["carried"], ctx.settings.max_local_bytes, None)["framed"]
-
-
-def earlier_entries(ctx, parts):
-    """The entries the earlier session a continued file carries on was saved to (none without the SDK)."""
-    try:
-        earlier = [saved_entry(ctx.settings.base, "claude-code:" + parts["earlier"])] if parts["earlier"] else []
-    except SdkMissing:
-        earlier = []
-    return [entry for entry in earlier if entry]
-
-
-def local_description(session, how, found):
-    """``local_session`` of a result: the session file read, its images, subagents and earlier part."""
-    parts = found["parts"]
-    local = dict(session.describe(), bytes_read=found["read"], lines=found["lines"], found_by=how,
-                 images=found["images"], subagents={"files": parts["subagents"], "uploaded": False,
-                                                    "unreadable": parts["unread"],
-                                                    "holds_the_call": parts["call_in_subagent"]})
-    if parts["earlier"]:
-        local["continues"] = parts["earlier"]  # (id-shaped: LOCAL_ID)
-    return local
-
-
-def saved_after_preview(ctx, session, how, kept, transcript):
-    """The save right after a preview with the same arguments, while the file still begins with the
-    bytes it read: what that preview showed and scrubbed is uploaded (a live session grows meanwhile by
-    the preview's own turn: the turns since go in the next save)."""
-    prep, found, shown = kept[:3]
-    try:
-        local = dict(local_description(session, how, found), bytes_read=transcript.complete, lines=transcript.lines)
-        local["saved_as_previewed"] = shown  # what the upload holds: the session as the preview read it
-        result = send_prepared(ctx, prep)
-    finally:
-        prep.close()
-    result["local_session"], result["from_preview"] = local, True  # the upload is what that preview scrubbed
-    return saved_result(result)
-
-
-def previewed(ctx, prep, local):
-    """A preview's fields: what would leave (the session, its images and subagents, the scrub's counts,
-    never a value) and where (a new entry, or a new version of which), and whether it would be saved
-    ``untrusted`` and why: the taint rule on what is known before the upload (``taint_reasons``)."""
-    label = prep.params.get("label")
-    named = next((row for row in prep.rows if label and row.get("label") == label), None)
-    entry = prep.into or (_str(named.get("id")) if named else None)
-    why = taint_reasons(ctx, prep.lineage, prep.framed, prep.parent_row, entry, prep.rows, earlier=prep.earlier)
-    report = prep.report
-    return {"status": "preview", "sent": False, "untrusted": bool(why), "untrusted_because": why,
-            "would_save_as": "new_version" if entry else "new_entry", "library_id": entry, "parent": prep.parent,
-            "visibility": "private", "visibility_confirmed": False, "bytes_to_upload": prep.size,
-            "client_redactions": {"lines_changed": report["lines_changed"], "rules": report["rules"],
-                                  "title_and_label": prep.text_redactions},
-            "local_session": local}
-
-
-class Previews:
-    """Previews kept briefly (PREVIEW_KEEP_S, at most PREVIEWS_KEPT), so that saving right after with the
-    same arguments uploads what the preview showed and scrubbed, while the session file still begins
-    with the bytes it read (a live session grows meanwhile: the preview's own turn is written to it);
-    a ``Prepared`` dropped is closed."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.kept = {}  # (session key, options) -> (monotonic time, (Prepared, found, shown, SHA-256 read))
-
-    def keep(self, key, options, value, digest):
-        with self.lock:
-            earlier = self.kept.pop((key, options), None)
-            dropped = self._expire(PREVIEWS_KEPT - 1) + ([earlier[1][0]] if earlier else [])
-            self.kept[(key, options)] = (time.monotonic(), value + (digest,))
-        self.close(dropped)
-        timer = threading.Timer(PREVIEW_KEEP_S + 1, self.find, ("", ""))  # drops what expired
-        timer.daemon = True
-        timer.start()
-
-    def find(self, key, options):
-        """The preview of this session with these options, if still kept: ``(Prepared, found, shown,
-        SHA-256 of the bytes it read)``, still kept (``take`` takes it), or None."""
-        with self.lock:
-            dropped = self._expire(PREVIEWS_KEPT)
-            found = self.kept.get((key, options))
-        self.close(dropped)
-        return None if found is None else found[1]
-
-    def take(self, key, options, prep):
-        """True when ``prep`` is still the kept preview of this session with these options: it is no
-        longer kept (a save uses it; another that found it too makes its own)."""
-        with self.lock:
-            found = self.kept.get((key, options))
-            if found is None or found[1][0] is not prep:
-                return False
-            del self.kept[(key, options)]
-            return True
-
-    def drop(self, key, options):
-        """The kept preview of this session with these options is dropped and closed."""
-        with self.lock:
-            found = self.kept.pop((key, options), None)
-        self.close([found[1][0]] if found else [])
-
-    def _expire(self, room):
-        """Drops (under the lock) what is older than PREVIEW_KEEP_S and the oldest past ``room``."""
-        now, dropped, over = time.monotonic(), [], len(self.kept) - room
-        for index, (name, (at, value)) in enumerate(sorted(self.kept.items(), key=lambda item: item[1][0])):
-            if now - at > PREVIEW_KEEP_S or index < over:
-                dropped.append(value[0])
-                del self.kept[name]
-        return dropped
-
-    @staticmethod
-    def close(preps):
-        for prep in preps:
-            prep.close()
-
-
-PREVIEW_KEEP_S = 300  # a preview's scrub is kept this long for the save that follows it
-PREVIEWS_KEPT = 2
-
-
-def take_publish_slot(ctx):
-    """The publish rate limit, taken before the transcript is read or checked: a refused call costs
-    nothing."""
-    wait = ctx.server.publish_limit.take()
-    if wait:
-        raise ToolError("rate_limited", say("Too many publish calls; try again in %d s.", wait), retry_after_s=wait)
-
-
-class Prepared:
-    """A transcript checked and scrubbed, with everything decided before its upload: what
-    ``publish_checked`` sends (``send_prepared``), and what a preview describes without sending. The
-    upload is a ``ScrubbedUpload`` file (``size`` bytes, ``content_sha``), removed by ``close``."""
-
-    def __init__(self, **fields):
-        self.__dict__.update(fields)
-
-    def close(self):
-        """Removes the scrubbed upload's file (again: nothing)."""
-        self.upload.close()
-
-
-def publish_checked(ctx, held, args, into=None, local=None, also=(False, ())):
-    """Steps 4 to 12 of the spec's publish pipeline on a transcript (``held``: a list holding its
-    ``Transcript``, emptied; the caller took the rate limit first): ``prepare_publish`` (the check,
-    the scrub, lineage), then ``send_prepared`` (the private upload, taint, the records), the file
-    removed however it ends. The result's fields."""
-    prep = prepare_publish(ctx, held, args, into, local, also)
-    try:
-        return send_prepared(ctx, prep)
-    finally:
-        prep.close()
-
-
-def prepare_publish(ctx, held, args, into=None, local=None, also=(False, ())):
-    """The check, the scrub and everything the upload needs, nothing sent but the library listing
-    (``into``: a new version of that entry, if still listed), in one pass over the transcript (``held``:
-    a list holding its ``Transcript``): each piece is checked and searched (the framing, the SDK's
-    session id) before it is scrubbed, and nothing is uploaded unless all of it passed. ``local``: the
-    local session's ``saved-sessions.json`` key, recorded when the answer matches what was sent.
-    ``also``: what the taint rule sees of the session's other files (``session_parts``), or a function
-    that gives it once the transcript was read: framed, and entries its earlier part was saved to. A
-    ``Prepared``; on a failure or a cancel its file is already removed."""
-    transcript = held.pop()
-    check, framing, lineage_of = TranscriptCheck(transcript.size), FramingSearch(transcript.size), []
-    room = line_room(transcript.size)
-
-    def passed(problem):
-        if problem:
-            raise ToolError("not_a_transcript", say("Not a Claude Code or Codex CLI JSONL transcript: %s. Nothing "
-                                                    "was sent.", problem))
-
-    def each(piece):
-        passed(check.lines(piece))
-        refuse_long_lines(piece)
-        framing.lines(piece)
-        if not lineage_of:  # from the bytes as written, not scrubbed
-            lineage_of.extend(found for found in [transcript_session_id(piece, room)] if found)
-
-    upload = ScrubbedUpload()
-    try:
-        try:
-            with Ticker(ctx, say("scrubbing %s on this machine", _size(transcript.size)), lambda: upload.scrubbed):
-                report, texts = scrub_transcript(transcript, each, {"title": args.get("title"),
-                                                                    "label": args.get("label")},
-                                                 ctx.cancel, ctx.settings.scrub_workers, upload)
-            passed(check.end())
-            if ctx.cancel.is_set():
-                raise Cancelled()
-            framed, earlier = also() if callable(also) else also
-            lineage = read_lineage(lineage_of[0] if lineage_of else None) or {}
-        except SdkMissing:
-            raise sdk_missing() from None
-        title, label = (texts.get(k, (None, {}))[0] for k in ("title", "label"))
-        text_redactions = sum(sum(texts.get(k, (None, {}))[1].values()) for k in ("title", "label"))
-        rows = ctx.library() if args.get("parent") or label or lineage.get("parent_cid") or into or earlier else []
-        if into and not any(row.get("id") == into for row in rows):
-            into = None  # the entry it was saved to is gone: a new one
-        parent, parent_row = publish_parent(args.get("parent"), None if into else lineage, rows)
-        params = {"label": label, "title": title, "parent": parent, "into": into, "client_scrub": "full"}
-        return Prepared(upload=upload, size=upload.size, content_sha=upload.content_sha(), report=report,
-                        text_redactions=text_redactions, lineage=lineage, framed=framed or framing.found(), rows=rows,
-                        into=into, parent=parent, parent_row=parent_row, params=params, earlier=earlier, local=local,
-                        idempotency_key=args.get("idempotency_key"))
-    except BaseException:
-        upload.close()
-        raise
-
-
-def send_prepared(ctx, prep):
-    """The private upload of a ``Prepared``, then the taint rule and the records. The result's fields."""
-    ensure_library(ctx)
-    caller_key = prep.idempotency_key or unsettled_key(ctx, prep.content_sha) or str(lazy("uuid").uuid4())
-    headers = {"Idempotency-Key": upload_key(caller_key, prep.content_sha, prep.params),
-               "X-Content-SHA256": prep.content_sha}
-    collection, body = push_with_retries(ctx, prep.upload, prep.params, headers, caller_key, prep.local is not None)
-    ctx.settled("saved")
-    untrusted = publish_taint(ctx, prep.lineage, prep.framed, prep.parent_row, collection, prep.rows,
-                              body.get("deduped") is True, earlier=prep.earlier)
-    if untrusted:
-        try:
-            mark_untrusted(ctx.settings.base, collection)
-        except Exception:  # noqa: BLE001 - the upload stands: its result must reach the model
-            log("warning", "could not record the untrusted marker locally")
-    report = prep.report
-    result = {"status": "saved", **visibility_of(body), "library_id": collection,
-              "version": body.get("version"), "deduped": body.get("deduped") is True,
-              "server_redactions": body.get("redactions"),
-              "client_redactions": {"lines_changed": report["lines_changed"], "rules": report["rules"],
-                                    "title_and_label": prep.text_redactions},
-              "untrusted": untrusted, "parent": prep.parent, "options_applied": not (  # deduped: kept as it was
-                  body.get("deduped") is True and any(prep.params.get(k) for k in ("title", "label", "parent")))}
-    if prep.local is not None:  # publish_local_session says where the save went, as the answer says it
-        into = prep.into
-        result["saved_as"] = saved_as(body, into, collection)
-        if into and collection != into:  # not what was sent: never remembered as this session's entry
-            log("warning", "the server stored the upload in another entry than the one it was sent into")
-        else:
-            try:
-                record_saved(ctx.settings.base, prep.local, collection)
-            except Exception:  # noqa: BLE001 - saved all the same: a later save makes a new entry, not a version
-                log("warning", "could not record where the local session was saved")
-    return result
-
-
-def unsettled_key(ctx, content_sha):
-    """The caller key of an upload of these bytes for this session that may be stored (a stop after it
-    left: ``Saves.sending``'s record): sent again, the same Idempotency-Key gets the stored answer back
-    rather than storing it twice. None when there is none."""
-    session = ctx.save.key if ctx.save is not None else None
-    try:
-        entries = (_record_file(SAVED_SESSIONS_FILE) or {}).get(sdk_module("config").normalize_base_url(
-            ctx.settings.base))
-    except SdkMissing:
-        return None
-    for name, value in sorted((entries if isinstance(entries, dict) and session else {}).items()):
-        if (name.startswith("ended:") and isinstance(value, dict) and value.get("session") == session
-                and value.get("outcome") in ("may_be_stored", "cut") and value.get("sha") == content_sha
-                and isinstance(value.get("key"), str) and _IDEMPOTENCY_KEY.match(value["key"])):
-            return value["key"]
-    return None
-
-
-def visibility_of(body):
-    """``visibility``: what the push's answer states, else ``private``, what was asked for (this server
-    sent it only to the private library route, and the answer, as the spec has it, does not say); and
-    ``visibility_confirmed``, which tells the two apart (the hosted vocabulary stays in ``visibility``)."""
-    stated = body.get("visibility") in ("private", "public")
-    return {"visibility": body["visibility"] if stated else "private", "visibility_confirmed": stated}
-
-
-def upload_key(caller_key, content_sha, params):
-    """The ``Idempotency-Key`` sent: the caller's key (or this call's uuid) bound to what is uploaded,
-    the scrubbed bytes' SHA-256 and the query. A retry of the same call sends the same key and gets
-    the first answer back; another transcript or other arguments under the same caller's key never
-    get another upload's answer. ``a4sx-mcp-`` and 64 hex digits: the schema's shape."""
-    bound = json.dumps([caller_key, content_sha, params], sort_keys=True, separators=(",", ":"))
-    return "a4sx-mcp-" + lazy("hashlib").sha256(bound.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def saved_as(body, into, collection):
-    """Where the API says the upload went: ``unchanged`` (deduped: the entry's newest version already
-    held it), ``new_version`` (a version above 1, whatever routed it there: ``into`` or a label naming
-    an entry), else ``new_entry``. An answer without a version number: a new version only when it
-    went into the entry it was sent into."""
-    if body.get("deduped") is True:
-        return "unchanged"
-    version = body.get("version")
-    if isinstance(version, str) and version.isdigit() and len(version) < 12:
-        version = int(version)
-    if isinstance(version, int) and not isinstance(version, bool):
-        return "new_version" if version > 1 else "new_entry"
-    return "new_version" if into and collection == into else "new_entry"
-
-
-def publish_parent(given, lineage, rows):
-    """``(parent sent, its library row or None)``: the caller's (resolved like the CLI; an
-    ``id@version`` names that version's entry), else the lineage record's when it is id-shaped."""
-    if given:
-        row = resolve_parent(rows, given)
-        if row is None and "@" in given:  # cid@version: the version's entry
-            return given, next((r for r in rows if r.get("id") == given.rsplit("@", 1)[0]), None)
-        return (_str(row["id"]) if row else given), row
-    if lineage and isinstance(lineage.get("parent_cid"), str) and lineage["parent_cid"]:
-        parent = lineage["parent_cid"]
-        sent = parent + ("@" + _str(lineage["parent_version"]) if lineage.get("parent_version") else "")
-        if validate(ID_SCHEMA, sent, say("parent")) is None:  # id-shaped like a parent the caller names
-            return sent, next((r for r in rows if r.get("id") == parent), None)
-    return None, None
-
-
-def push_with_retries(ctx, upload, params, headers, caller_key, local=False):
-    """``POST /library/push`` of the ``ScrubbedUpload``, streamed from its file, with the same
-    Idempotency-Key on every attempt: on a network error or
-    429/502/503/504 up to 3 attempts (busy scrub pool: 6), waiting as ``retry_wait`` says; a 404
-    provisions the library again once. ``(entry id, body)`` of a stored push; ToolError otherwise,
-    naming ``caller_key``: the key that, passed again with the same content, sends the same header
-    (``upload_key``); a local session that grew since is other content (``local``)."""
-    attempt, ensured_again = 0, False
-    while True:
-        ctx.sending(caller_key, headers["X-Content-SHA256"])  # the safe point: this attempt sends nothing if stopped
-        try:
-            with Ticker(ctx, say("uploading %s (attempt %d)", _size(upload.size), attempt + 1)):
-                status, body = ctx.send("push", params, data=upload.file, headers=headers,
-                                        deadline_s=upload_timeout(upload.size, ctx.settings.upload_timeout_s))
-            failure = None
-        except NetworkError as err:
-            status, body, failure = 0, {}, err
-        if status == 404 and not ensured_again:  # the library this process provisioned is gone
-            ensure_library(ctx, again=True)
-            ensured_again = True
-            continue
-        code, details = api_error_fields(body)
-        busy = status in (429, 503) and code in PUBLISH_BUSY_CODES
-        limit = PUBLISH_BUSY_MAX_ATTEMPTS if busy else PUBLISH_MAX_ATTEMPTS
-        if (status and status not in PUBLISH_RETRY_STATUSES) or attempt + 1 >= limit:
-            break
-        wait = retry_wait(attempt, details)
-        why = (say("the server is busy scrubbing") if busy else say("no answer") if not status
-               else say("HTTP %d", status))
-        ctx.progress(say("%s; retrying in %d s", why, round(wait)))
-        if ctx.cancel.wait(wait):
-            raise Cancelled()
-        attempt += 1
-    key = echoed_name(caller_key, 128)
-    same = (say(" If the session file has not changed since, the same idempotency_key %s returns a stored upload "
-                "rather than saving it twice; a session that grew since is saved as new content.", key) if local
-            else say(" The upload may be retried with the same idempotency_key %s.", key))
-    if failure is not None:
-        raise network_error(ctx.settings, failure, same, idempotency_key=caller_key)
-    if status not in (200, 201, 202):
-        if 400 <= status < 500 and status not in (408, 429):  # refused; a stored attempt's key gets its answer
-            ctx.settled("failed")
-        raise api_failure(ctx.settings, status, body)
-    body = body if isinstance(body, dict) else {}
-    collection = _str(body.get("collection"))
-    if not collection:  # stored or not, the answer cannot say where: the same key finds out safely
-        raise ToolError("unreadable_answer", say("The a4sx server accepted the upload but its answer could not be "
-                                                 "read. Call the tool again with the same arguments.%s", same),
-                        idempotency_key=caller_key, status=status)
-    return collection, body
-
-
 # --- list_local_sessions: this project's sessions on this machine, found by what they hold ----------
 
 LOCAL_CAPS = dict(FIELD_CAPS, first_prompt=200, snippets=200, library_id=200)
@@ -5240,7 +4789,539 @@ def local_row(entry, found, saves, current=False):
     return row
 
 
-# --- saves in flight: answered within a bound, finished in the background -----------------------
+# =============================================================================================
+# 8. The save pipeline: validate, read, check, scrub, upload, record (claims 7, 15)
+# =============================================================================================
+
+
+# --- the two saves: what each refuses first, then what it reads ----------------------------------
+
+def tool_publish_session(ctx, args):
+    saves_refused(ctx.settings)
+    ctx.token()
+    data = args["transcript"].encode("utf-8", "surrogatepass")
+    ctx.holding(len(data))
+    cap = ctx.settings.max_publish_bytes
+    if len(data) > cap:
+        raise ToolError("too_large", say("The transcript is %d bytes; publish_session takes at most %d bytes. Save "
+                                         "larger sessions with the a4sx CLI: `a4sx push <file>`.", len(data), cap),
+                        size=len(data), cap=cap)
+    digest = lazy("hashlib").sha256(data).hexdigest()
+    if "content_sha256" in args and digest != args["content_sha256"].lower():
+        raise ToolError("content_sha_mismatch", say("content_sha256 does not match the SHA-256 of the transcript's "
+                                                    "UTF-8 bytes: it was changed or cut on the way. Nothing was sent."))
+    take_publish_slot(ctx)
+    ctx.claim("sha256:" + digest, save_options(args))
+    return saved_result(publish_checked(ctx, [in_pieces(data)], args))
+
+
+def tool_publish_local_session(ctx, args):
+    """publish_session's pipeline on a session file of this machine (section 5): the current one
+    or one named by id; saved again, it becomes a new version of the entry it was saved to. With
+    ``preview``, all but the upload: what would leave, and where (kept briefly: ``Previews``)."""
+    saves_refused(ctx.settings)
+    ctx.token()
+    take_publish_slot(ctx)  # before anything is looked for or read
+    try:
+        session, how = find_session(ctx.settings, args["session"], ctx.meta, ctx.cancel)
+    except NoSession as err:
+        return framed_error("no_local_session", say("%s Nothing was sent.", err.message),
+                           {"sessions": [s.describe() for s in err.sessions]}, False, "no_local_session")
+    key, options, preview = "%s:%s" % (session.harness, session.id), save_options(args), args.get("preview")
+    kept = None if preview else ctx.server.previews.find(key, options)
+    transcript = read_session(session, ctx.settings.max_local_bytes, kept[2]["bytes"] if kept else 0)
+    ctx.holding(transcript.size)
+    if kept is not None and (transcript.prefix_sha256 != kept[3] or framed_since(ctx, session, kept)):
+        ctx.server.previews.drop(key, options)  # the file no longer begins with what it showed, or a part changed
+        kept = None
+    try:
+        if not preview:
+            ctx.claim(key, "%s %s" % (options, transcript.sha256))  # other options (images too) or bytes: not joined
+    except BaseException:
+        transcript.close()
+        raise
+    try:
+        into = saved_entry(ctx.settings.base, key)  # (after the claim: a save it waited for may have made it)
+    except SdkMissing:
+        into = None  # prepare_publish says what is missing
+    if kept is not None and kept[0].into == into and ctx.server.previews.take(key, options, kept[0]):
+        transcript.close()
+        return saved_after_preview(ctx, session, how, kept, transcript)
+    omit = args.get("images") == "placeholder"  # the user's choice, never made here
+    found = {"read": 0, "lines": transcript.lines, "call": not session.call, "carried": None, "parts": None,
+             "images": {"choice": "placeholder", "replaced": 0, "bytes_removed": 0} if omit else {"choice": "keep"}}
+    transcript.pieces = as_saved(transcript, session, omit, found)
+
+    def other_files():
+        """What the taint rule sees of the session's other files, once its own were read (its records
+        name the earlier session it continues); and its bytes read must hold the call it was found by."""
+        parts = found["parts"] = session_parts(session, found["carried"], ctx.settings.max_local_bytes, session.call)
+        if not (found["call"] or parts["call_in_subagent"]):
+            raise ToolError("session_unreadable", say("The session file changed after it was found: the bytes read "
+                                                      "no longer hold this call. Nothing was sent."))
+        return parts["framed"], earlier_entries(ctx, parts)
+
+    prep = prepare_publish(ctx, [transcript], args, into=into, local=key, also=other_files)
+    local = local_description(session, how, found)
+    if preview:
+        result = previewed(ctx, prep, local)
+        ctx.server.previews.keep(key, options, (prep, found, {"bytes": found["read"], "lines": found["lines"]}),
+                                 transcript.sha256)
+        return json_result(result, result["untrusted"], "preview", hint_next=PREVIEW_NEXT)
+    try:
+        result = send_prepared(ctx, prep)
+    finally:
+        prep.close()
+    result["local_session"], result["from_preview"] = local, False
+    return saved_result(result)
+
+
+def saves_refused(settings):
+    """A project that must never be saved (``A4SX_MCP_NEVER_SAVE``): every save refuses first, nothing read."""
+    if settings.never_save:
+        raise ToolError("saving_disabled", say("Saving is turned off for this project: A4SX_MCP_NEVER_SAVE is set in "
+                                               "this server's configuration (the project's MCP settings). Nothing was "
+                                               "read or sent."))
+
+
+def take_publish_slot(ctx):
+    """The publish rate limit, taken before the transcript is read or checked: a refused call costs
+    nothing."""
+    wait = ctx.server.publish_limit.take()
+    if wait:
+        raise ToolError("rate_limited", say("Too many publish calls; try again in %d s.", wait), retry_after_s=wait)
+
+
+def save_options(args):
+    """What else makes two saves of the same bytes one save (``Saves.claim``, ``Previews``): their
+    options, canonically."""
+    wanted = {name: args.get(name) for name in ("title", "label", "parent", "idempotency_key")}
+    wanted["images"] = "placeholder" if args.get("images") == "placeholder" else "keep"
+    return json.dumps(wanted, sort_keys=True)
+
+
+def framed_since(ctx, session, kept):
+    """True when a part of the session (a subagent's file, the earlier session it continues) holds
+    framing that the kept preview did not see: the save is then decided afresh."""
+    prep, found = kept[0], kept[1]
+    return not prep.framed and session_parts(session, found["carried"], ctx.settings.max_local_bytes, None)["framed"]
+
+
+def earlier_entries(ctx, parts):
+    """The entries the earlier session a continued file carries on was saved to (none without the SDK)."""
+    try:
+        earlier = [saved_entry(ctx.settings.base, "claude-code:" + parts["earlier"])] if parts["earlier"] else []
+    except SdkMissing:
+        earlier = []
+    return [entry for entry in earlier if entry]
+
+
+def local_description(session, how, found):
+    """``local_session`` of a result: the session file read, its images, subagents and earlier part."""
+    parts = found["parts"]
+    local = dict(session.describe(), bytes_read=found["read"], lines=found["lines"], found_by=how,
+                 images=found["images"], subagents={"files": parts["subagents"], "uploaded": False,
+                                                    "unreadable": parts["unread"],
+                                                    "holds_the_call": parts["call_in_subagent"]})
+    if parts["earlier"]:
+        local["continues"] = parts["earlier"]  # (id-shaped: LOCAL_ID)
+    return local
+
+
+# --- check and scrub: everything decided before the upload, in one pass --------------------------
+
+class Prepared:
+    """A transcript checked and scrubbed, with everything decided before its upload: what
+    ``publish_checked`` sends (``send_prepared``), and what a preview describes without sending. The
+    upload is a ``ScrubbedUpload`` file (``size`` bytes, ``content_sha``), removed by ``close``."""
+
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+    def close(self):
+        """Removes the scrubbed upload's file (again: nothing)."""
+        self.upload.close()
+
+
+def publish_checked(ctx, held, args, into=None, local=None, also=(False, ())):
+    """Steps 4 to 12 of the spec's publish pipeline on a transcript (``held``: a list holding its
+    ``Transcript``, emptied; the caller took the rate limit first): ``prepare_publish`` (the check,
+    the scrub, lineage), then ``send_prepared`` (the private upload, taint, the records), the file
+    removed however it ends. The result's fields."""
+    prep = prepare_publish(ctx, held, args, into, local, also)
+    try:
+        return send_prepared(ctx, prep)
+    finally:
+        prep.close()
+
+
+def prepare_publish(ctx, held, args, into=None, local=None, also=(False, ())):
+    """The check, the scrub and everything the upload needs, nothing sent but the library listing
+    (``into``: a new version of that entry, if still listed), in one pass over the transcript (``held``:
+    a list holding its ``Transcript``): each piece is checked and searched (the framing, the SDK's
+    session id) before it is scrubbed, and nothing is uploaded unless all of it passed. ``local``: the
+    local session's ``saved-sessions.json`` key, recorded when the answer matches what was sent.
+    ``also``: what the taint rule sees of the session's other files (``session_parts``), or a function
+    that gives it once the transcript was read: framed, and entries its earlier part was saved to. A
+    ``Prepared``; on a failure or a cancel its file is already removed."""
+    transcript = held.pop()
+    check, framing, lineage_of = TranscriptCheck(transcript.size), FramingSearch(transcript.size), []
+    room = line_room(transcript.size)
+
+    def passed(problem):
+        if problem:
+            raise ToolError("not_a_transcript", say("Not a Claude Code or Codex CLI JSONL transcript: %s. Nothing "
+                                                    "was sent.", problem))
+
+    def each(piece):
+        passed(check.lines(piece))
+        refuse_long_lines(piece)
+        framing.lines(piece)
+        if not lineage_of:  # from the bytes as written, not scrubbed
+            lineage_of.extend(found for found in [transcript_session_id(piece, room)] if found)
+
+    upload = ScrubbedUpload()
+    try:
+        try:
+            with Ticker(ctx, say("scrubbing %s on this machine", _size(transcript.size)), lambda: upload.scrubbed):
+                report, texts = scrub_transcript(transcript, each, {"title": args.get("title"),
+                                                                    "label": args.get("label")},
+                                                 ctx.cancel, ctx.settings.scrub_workers, upload)
+            passed(check.end())
+            if ctx.cancel.is_set():
+                raise Cancelled()
+            framed, earlier = also() if callable(also) else also
+            lineage = read_lineage(lineage_of[0] if lineage_of else None) or {}
+        except SdkMissing:
+            raise sdk_missing() from None
+        title, label = (texts.get(k, (None, {}))[0] for k in ("title", "label"))
+        text_redactions = sum(sum(texts.get(k, (None, {}))[1].values()) for k in ("title", "label"))
+        rows = ctx.library() if args.get("parent") or label or lineage.get("parent_cid") or into or earlier else []
+        if into and not any(row.get("id") == into for row in rows):
+            into = None  # the entry it was saved to is gone: a new one
+        parent, parent_row = publish_parent(args.get("parent"), None if into else lineage, rows)
+        params = {"label": label, "title": title, "parent": parent, "into": into, "client_scrub": "full"}
+        return Prepared(upload=upload, size=upload.size, content_sha=upload.content_sha(), report=report,
+                        text_redactions=text_redactions, lineage=lineage, framed=framed or framing.found(), rows=rows,
+                        into=into, parent=parent, parent_row=parent_row, params=params, earlier=earlier, local=local,
+                        idempotency_key=args.get("idempotency_key"))
+    except BaseException:
+        upload.close()
+        raise
+
+
+def publish_parent(given, lineage, rows):
+    """``(parent sent, its library row or None)``: the caller's (resolved like the CLI; an
+    ``id@version`` names that version's entry), else the lineage record's when it is id-shaped."""
+    if given:
+        row = resolve_parent(rows, given)
+        if row is None and "@" in given:  # cid@version: the version's entry
+            return given, next((r for r in rows if r.get("id") == given.rsplit("@", 1)[0]), None)
+        return (_str(row["id"]) if row else given), row
+    if lineage and isinstance(lineage.get("parent_cid"), str) and lineage["parent_cid"]:
+        parent = lineage["parent_cid"]
+        sent = parent + ("@" + _str(lineage["parent_version"]) if lineage.get("parent_version") else "")
+        if validate(ID_SCHEMA, sent, say("parent")) is None:  # id-shaped like a parent the caller names
+            return sent, next((r for r in rows if r.get("id") == parent), None)
+    return None, None
+
+
+def resolve_parent(rows, name):
+    """Like the CLI: exact id, then label (or a ``label:<name>`` tag), then a unique substring of
+    title or id; None when nothing (or more than one row) matches. A row without a string id is
+    never a parent."""
+    rows = [row for row in rows if isinstance(row.get("id"), str)]
+    for row in rows:
+        if row.get("id") == name:
+            return row
+    for row in rows:
+        if row.get("label") == name or "label:" + name in _list(row.get("tags")):
+            return row
+    needle = name.lower()
+    hits = [r for r in rows if needle in (_str(r.get("title")) + _str(r.get("id"))).lower()]
+    return hits[0] if len(hits) == 1 else None
+
+
+# --- a preview: all but the upload, kept for the save that follows it ----------------------------
+
+def previewed(ctx, prep, local):
+    """A preview's fields: what would leave (the session, its images and subagents, the scrub's counts,
+    never a value) and where (a new entry, or a new version of which), and whether it would be saved
+    ``untrusted`` and why: the taint rule on what is known before the upload (``taint_reasons``)."""
+    label = prep.params.get("label")
+    named = next((row for row in prep.rows if label and row.get("label") == label), None)
+    entry = prep.into or (_str(named.get("id")) if named else None)
+    why = taint_reasons(ctx, prep.lineage, prep.framed, prep.parent_row, entry, prep.rows, earlier=prep.earlier)
+    report = prep.report
+    return {"status": "preview", "sent": False, "untrusted": bool(why), "untrusted_because": why,
+            "would_save_as": "new_version" if entry else "new_entry", "library_id": entry, "parent": prep.parent,
+            "visibility": "private", "visibility_confirmed": False, "bytes_to_upload": prep.size,
+            "client_redactions": {"lines_changed": report["lines_changed"], "rules": report["rules"],
+                                  "title_and_label": prep.text_redactions},
+            "local_session": local}
+
+
+def saved_after_preview(ctx, session, how, kept, transcript):
+    """The save right after a preview with the same arguments, while the file still begins with the
+    bytes it read: what that preview showed and scrubbed is uploaded (a live session grows meanwhile by
+    the preview's own turn: the turns since go in the next save)."""
+    prep, found, shown = kept[:3]
+    try:
+        local = dict(local_description(session, how, found), bytes_read=transcript.complete, lines=transcript.lines)
+        local["saved_as_previewed"] = shown  # what the upload holds: the session as the preview read it
+        result = send_prepared(ctx, prep)
+    finally:
+        prep.close()
+    result["local_session"], result["from_preview"] = local, True  # the upload is what that preview scrubbed
+    return saved_result(result)
+
+
+PREVIEW_KEEP_S = 300  # a preview's scrub is kept this long for the save that follows it
+PREVIEWS_KEPT = 2
+
+
+class Previews:
+    """Previews kept briefly (PREVIEW_KEEP_S, at most PREVIEWS_KEPT), so that saving right after with the
+    same arguments uploads what the preview showed and scrubbed, while the session file still begins
+    with the bytes it read (a live session grows meanwhile: the preview's own turn is written to it);
+    a ``Prepared`` dropped is closed."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.kept = {}  # (session key, options) -> (monotonic time, (Prepared, found, shown, SHA-256 read))
+
+    def keep(self, key, options, value, digest):
+        with self.lock:
+            earlier = self.kept.pop((key, options), None)
+            dropped = self._expire(PREVIEWS_KEPT - 1) + ([earlier[1][0]] if earlier else [])
+            self.kept[(key, options)] = (time.monotonic(), value + (digest,))
+        self.close(dropped)
+        timer = threading.Timer(PREVIEW_KEEP_S + 1, self.find, ("", ""))  # drops what expired
+        timer.daemon = True
+        timer.start()
+
+    def find(self, key, options):
+        """The preview of this session with these options, if still kept: ``(Prepared, found, shown,
+        SHA-256 of the bytes it read)``, still kept (``take`` takes it), or None."""
+        with self.lock:
+            dropped = self._expire(PREVIEWS_KEPT)
+            found = self.kept.get((key, options))
+        self.close(dropped)
+        return None if found is None else found[1]
+
+    def take(self, key, options, prep):
+        """True when ``prep`` is still the kept preview of this session with these options: it is no
+        longer kept (a save uses it; another that found it too makes its own)."""
+        with self.lock:
+            found = self.kept.get((key, options))
+            if found is None or found[1][0] is not prep:
+                return False
+            del self.kept[(key, options)]
+            return True
+
+    def drop(self, key, options):
+        """The kept preview of this session with these options is dropped and closed."""
+        with self.lock:
+            found = self.kept.pop((key, options), None)
+        self.close([found[1][0]] if found else [])
+
+    def _expire(self, room):
+        """Drops (under the lock) what is older than PREVIEW_KEEP_S and the oldest past ``room``."""
+        now, dropped, over = time.monotonic(), [], len(self.kept) - room
+        for index, (name, (at, value)) in enumerate(sorted(self.kept.items(), key=lambda item: item[1][0])):
+            if now - at > PREVIEW_KEEP_S or index < over:
+                dropped.append(value[0])
+                del self.kept[name]
+        return dropped
+
+    @staticmethod
+    def close(preps):
+        for prep in preps:
+            prep.close()
+
+
+# --- the upload and the records: one key for every attempt, then where it went -------------------
+
+def send_prepared(ctx, prep):
+    """The private upload of a ``Prepared``, then the taint rule and the records. The result's fields."""
+    ensure_library(ctx)
+    caller_key = prep.idempotency_key or unsettled_key(ctx, prep.content_sha) or str(lazy("uuid").uuid4())
+    headers = {"Idempotency-Key": upload_key(caller_key, prep.content_sha, prep.params),
+               "X-Content-SHA256": prep.content_sha}
+    collection, body = push_with_retries(ctx, prep.upload, prep.params, headers, caller_key, prep.local is not None)
+    ctx.settled("saved")
+    untrusted = publish_taint(ctx, prep.lineage, prep.framed, prep.parent_row, collection, prep.rows,
+                              body.get("deduped") is True, earlier=prep.earlier)
+    if untrusted:
+        try:
+            mark_untrusted(ctx.settings.base, collection)
+        except Exception:  # noqa: BLE001 - the upload stands: its result must reach the model
+            log("warning", "could not record the untrusted marker locally")
+    report = prep.report
+    result = {"status": "saved", **visibility_of(body), "library_id": collection,
+              "version": body.get("version"), "deduped": body.get("deduped") is True,
+              "server_redactions": body.get("redactions"),
+              "client_redactions": {"lines_changed": report["lines_changed"], "rules": report["rules"],
+                                    "title_and_label": prep.text_redactions},
+              "untrusted": untrusted, "parent": prep.parent, "options_applied": not (  # deduped: kept as it was
+                  body.get("deduped") is True and any(prep.params.get(k) for k in ("title", "label", "parent")))}
+    if prep.local is not None:  # publish_local_session says where the save went, as the answer says it
+        into = prep.into
+        result["saved_as"] = saved_as(body, into, collection)
+        if into and collection != into:  # not what was sent: never remembered as this session's entry
+            log("warning", "the server stored the upload in another entry than the one it was sent into")
+        else:
+            try:
+                record_saved(ctx.settings.base, prep.local, collection)
+            except Exception:  # noqa: BLE001 - saved all the same: a later save makes a new entry, not a version
+                log("warning", "could not record where the local session was saved")
+    return result
+
+
+def ensure_library(ctx, again=False):
+    """``POST /library/ensure`` once per account and process; ``again`` when a push found the
+    library gone."""
+    account = ctx.account()
+    if again or account not in ctx.api.ensured:
+        ctx.request("ensure", ok=(200, 201, 204), data=b"")
+        ctx.api.ensured.add(account)
+
+
+def unsettled_key(ctx, content_sha):
+    """The caller key of an upload of these bytes for this session that may be stored (a stop after it
+    left: ``Saves.sending``'s record): sent again, the same Idempotency-Key gets the stored answer back
+    rather than storing it twice. None when there is none."""
+    session = ctx.save.key if ctx.save is not None else None
+    try:
+        entries = (_record_file(SAVED_SESSIONS_FILE) or {}).get(sdk_module("config").normalize_base_url(
+            ctx.settings.base))
+    except SdkMissing:
+        return None
+    for name, value in sorted((entries if isinstance(entries, dict) and session else {}).items()):
+        if (name.startswith("ended:") and isinstance(value, dict) and value.get("session") == session
+                and value.get("outcome") in ("may_be_stored", "cut") and value.get("sha") == content_sha
+                and isinstance(value.get("key"), str) and _IDEMPOTENCY_KEY.match(value["key"])):
+            return value["key"]
+    return None
+
+
+def upload_key(caller_key, content_sha, params):
+    """The ``Idempotency-Key`` sent: the caller's key (or this call's uuid) bound to what is uploaded,
+    the scrubbed bytes' SHA-256 and the query. A retry of the same call sends the same key and gets
+    the first answer back; another transcript or other arguments under the same caller's key never
+    get another upload's answer. ``a4sx-mcp-`` and 64 hex digits: the schema's shape."""
+    bound = json.dumps([caller_key, content_sha, params], sort_keys=True, separators=(",", ":"))
+    return "a4sx-mcp-" + lazy("hashlib").sha256(bound.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+PUBLISH_RETRY_WAITS_S = (5, 15)
+PUBLISH_RETRY_STATUSES = (429, 502, 503, 504)
+PUBLISH_BUSY_CODES = ("scrub_busy", "scrub_pool_busy")
+PUBLISH_MAX_ATTEMPTS, PUBLISH_BUSY_MAX_ATTEMPTS, RETRY_WAIT_CAP_S = 3, 6, 60
+
+
+def push_with_retries(ctx, upload, params, headers, caller_key, local=False):
+    """``POST /library/push`` of the ``ScrubbedUpload``, streamed from its file, with the same
+    Idempotency-Key on every attempt: on a network error or
+    429/502/503/504 up to 3 attempts (busy scrub pool: 6), waiting as ``retry_wait`` says; a 404
+    provisions the library again once. ``(entry id, body)`` of a stored push; ToolError otherwise,
+    naming ``caller_key``: the key that, passed again with the same content, sends the same header
+    (``upload_key``); a local session that grew since is other content (``local``)."""
+    attempt, ensured_again = 0, False
+    while True:
+        ctx.sending(caller_key, headers["X-Content-SHA256"])  # the safe point: this attempt sends nothing if stopped
+        try:
+            with Ticker(ctx, say("uploading %s (attempt %d)", _size(upload.size), attempt + 1)):
+                status, body = ctx.send("push", params, data=upload.file, headers=headers,
+                                        deadline_s=upload_timeout(upload.size, ctx.settings.upload_timeout_s))
+            failure = None
+        except NetworkError as err:
+            status, body, failure = 0, {}, err
+        if status == 404 and not ensured_again:  # the library this process provisioned is gone
+            ensure_library(ctx, again=True)
+            ensured_again = True
+            continue
+        code, details = api_error_fields(body)
+        busy = status in (429, 503) and code in PUBLISH_BUSY_CODES
+        limit = PUBLISH_BUSY_MAX_ATTEMPTS if busy else PUBLISH_MAX_ATTEMPTS
+        if (status and status not in PUBLISH_RETRY_STATUSES) or attempt + 1 >= limit:
+            break
+        wait = retry_wait(attempt, details)
+        why = (say("the server is busy scrubbing") if busy else say("no answer") if not status
+               else say("HTTP %d", status))
+        ctx.progress(say("%s; retrying in %d s", why, round(wait)))
+        if ctx.cancel.wait(wait):
+            raise Cancelled()
+        attempt += 1
+    key = echoed_name(caller_key, 128)
+    same = (say(" If the session file has not changed since, the same idempotency_key %s returns a stored upload "
+                "rather than saving it twice; a session that grew since is saved as new content.", key) if local
+            else say(" The upload may be retried with the same idempotency_key %s.", key))
+    if failure is not None:
+        raise network_error(ctx.settings, failure, same, idempotency_key=caller_key)
+    if status not in (200, 201, 202):
+        if 400 <= status < 500 and status not in (408, 429):  # refused; a stored attempt's key gets its answer
+            ctx.settled("failed")
+        raise api_failure(ctx.settings, status, body)
+    body = body if isinstance(body, dict) else {}
+    collection = _str(body.get("collection"))
+    if not collection:  # stored or not, the answer cannot say where: the same key finds out safely
+        raise ToolError("unreadable_answer", say("The a4sx server accepted the upload but its answer could not be "
+                                                 "read. Call the tool again with the same arguments.%s", same),
+                        idempotency_key=caller_key, status=status)
+    return collection, body
+
+
+def upload_timeout(size, override):
+    """120 s plus 2 s per MiB, at most 30 min; ``$A4SX_UPLOAD_TIMEOUT_S`` overrides (at most 6 h)."""
+    if override > 0:
+        return min(override, 6 * 3600)
+    return min(1800, 120 + size // (512 * 1024))
+
+
+def retry_wait(attempt, details):
+    """The server's ``retry_after_s`` (capped at 60 s), else 5 s then 15 s; plus up to 25 % jitter."""
+    hint = retry_after_of(details)
+    base = min(hint, RETRY_WAIT_CAP_S) if hint else PUBLISH_RETRY_WAITS_S[min(attempt, len(PUBLISH_RETRY_WAITS_S) - 1)]
+    return base + lazy("random").uniform(0, base * 0.25)
+
+
+def visibility_of(body):
+    """``visibility``: what the push's answer states, else ``private``, what was asked for (this server
+    sent it only to the private library route, and the answer, as the spec has it, does not say); and
+    ``visibility_confirmed``, which tells the two apart (the hosted vocabulary stays in ``visibility``)."""
+    stated = body.get("visibility") in ("private", "public")
+    return {"visibility": body["visibility"] if stated else "private", "visibility_confirmed": stated}
+
+
+def saved_as(body, into, collection):
+    """Where the API says the upload went: ``unchanged`` (deduped: the entry's newest version already
+    held it), ``new_version`` (a version above 1, whatever routed it there: ``into`` or a label naming
+    an entry), else ``new_entry``. An answer without a version number: a new version only when it
+    went into the entry it was sent into."""
+    if body.get("deduped") is True:
+        return "unchanged"
+    version = body.get("version")
+    if isinstance(version, str) and version.isdigit() and len(version) < 12:
+        version = int(version)
+    if isinstance(version, int) and not isinstance(version, bool):
+        return "new_version" if version > 1 else "new_entry"
+    return "new_version" if into and collection == into else "new_entry"
+
+
+def saved_result(result):
+    """A save's result (``fields`` kept, so a save that joined it can say so: ``Saves.result_of``)."""
+    hint = (SAVED_PUBLIC_NEXT if result["visibility"] == "public" else UNCHANGED_OPTIONS_NEXT if result.get(
+        "options_applied") is False else UNCHANGED_NEXT if result["deduped"] else SAVED_NEXT)  # as the answer says
+    out = json_result(result, result["untrusted"], "saved", hint_next=hint)
+    out.fields = result
+    return out
+
+
+# =============================================================================================
+# 9. Saves in flight: answered within a bound, finished in the background, ended on a signal
+# =============================================================================================
+
 
 SAVE_KEEP_S = 3600  # a finished save's result answers save_id calls (and tasks/get) for an hour
 SAVES_KEPT = 64  # finished saves kept at most (the oldest are dropped first)
@@ -5550,6 +5631,8 @@ def as_task(name):
     return run
 
 
+# --- the handlers: each tool's function, the saves answered in time ------------------------------
+
 SAVE_HANDLERS = {"publish_session": tool_publish_session, "publish_local_session": tool_publish_local_session}
 HANDLERS = {
     "search_sessions": tool_search_sessions,
@@ -5562,58 +5645,8 @@ HANDLERS = {
 }
 
 
-# --- output schemas: the structuredContent every result carries ---------------------------------
-
-_TEXT = {"type": "string"}
-_FLAG = {"type": "boolean"}
-_COUNT = {"type": "integer", "minimum": 0}
-_ENVELOPED = {"type": "string",
-              "description": "One JSON line in the nonce envelope: json.loads(data.split(\"\\n\")[1])"}
-_ERROR_RESULT = {"properties": {"error": {"type": "string", "pattern": "^[a-z][a-z0-9_]{0,63}$"}, "message": _TEXT,
-                                "notice": _TEXT, "data": _TEXT},
-                 "required": ["error", "message"]}
-
-
-def _output_schema(properties, required):
-    """An isError result or the tool's own result; every JSON read result starts with its notice."""
-    props = dict({"notice": _TEXT, "untrusted": _FLAG}, **properties)
-    return {"type": "object", "anyOf": [
-        {"properties": props, "required": ["notice", "untrusted"] + list(required)}, _ERROR_RESULT]}
-
-
-OUTPUT_SCHEMAS = {
-    "search_sessions": _output_schema({
-        "scope": {"enum": ["public", "library"]}, "total": _COUNT, "next_offset": _COUNT,
-        "truncated": _FLAG, "next": _TEXT, "data": _ENVELOPED}, ["scope", "total", "data"]),
-    "get_session_summary": _output_schema({
-        "source": {"enum": ["marketplace", "library"]}, "truncated": _FLAG, "data": _ENVELOPED}, ["source", "data"]),
-    "acquire_session": _output_schema({
-        "status": {"enum": ["acquired", "payment_required"]}, "next": _TEXT, "data": _ENVELOPED},
-        ["status", "data"]),
-    "fetch_session_context": _output_schema({
-        "status": {"const": "ok"}, "source": {"const": "library"}, "max_tokens": _COUNT, "approx_tokens": _COUNT,
-        "truncated": _FLAG, "turns_total": _COUNT, "turns_included": _COUNT, "next": _TEXT, "context": _TEXT},
-        ["status", "source", "max_tokens", "approx_tokens", "truncated", "turns_total", "turns_included", "context"]),
-    "publish_session": _output_schema({
-        "status": {"const": "saved"}, "visibility": {"enum": ["private", "public"]},
-        "visibility_confirmed": {"type": "boolean", "description": "false: not in the answer; what was requested"},
-        "deduped": _FLAG, "joined": _FLAG, "options_applied": {"type": "boolean", "description": "false: deduped; "
-                                                                                            "options not applied"},
-        "next": _TEXT, "data": _ENVELOPED}, ["status", "visibility", "data"]),
-}
-# A save not done within ANSWER_WITHIN_S answers this (``saving_result``): no author text in it.
-OUTPUT_SCHEMAS["publish_session"]["anyOf"].append({  # beside them: stage (Words), elapsed_s (a count)
-    "properties": {"status": {"const": "saving"}, "save_id": _TEXT, "next": _TEXT}, "required": ["status", "save_id",
-                                                                                                  "next"]})
-OUTPUT_SCHEMAS["publish_local_session"] = json.loads(json.dumps(OUTPUT_SCHEMAS["publish_session"]))
-OUTPUT_SCHEMAS["publish_local_session"]["anyOf"][0]["properties"]["status"] = {"enum": ["saved", "preview"]}
-OUTPUT_SCHEMAS["list_local_sessions"] = _output_schema({
-    "scope": {"const": "local"}, "total": _COUNT, "next_offset": _COUNT, "truncated": _FLAG, "next": _TEXT,
-    "data": _ENVELOPED}, ["scope", "total", "data"])
-
-
 # =============================================================================================
-# 8. Resources, prompts and completions: the tools' handlers, picked by the user (claim 14)
+# 10. Resources, prompts and completions: the tools' handlers, picked by the user (claim 14)
 # =============================================================================================
 
 MARKETPLACE_URI = "a4sx://marketplace/"
@@ -5918,7 +5951,7 @@ def library_values(ctx, fields):
 
 
 # =============================================================================================
-# 9. The MCP dispatcher: every request answered once, in either era (protocol, not a claim)
+# 11. The MCP dispatcher: every request answered once, in either era (protocol, not a claim)
 # =============================================================================================
 
 MODERN_VERSIONS = ("2026-07-28",)
@@ -6530,7 +6563,7 @@ class Server:
 
 
 # =============================================================================================
-# 10. The stdio loop and main: stdout carries protocol messages only (claims 11, 12)
+# 12. The stdio loop and main: stdout carries protocol messages only (claims 11, 12)
 # =============================================================================================
 
 # A line may hold a 2 MiB transcript after JSON escaping (quotes double, control characters
@@ -6846,7 +6879,7 @@ def main(argv=None):
 
 
 # =============================================================================================
-# 11. Compatibility: what each handshake revision shows (the 2026-07-28 revision has it all)
+# 13. Compatibility: what each handshake revision shows (the 2026-07-28 revision has it all)
 # =============================================================================================
 
 # What each handshake revision added that this server uses; ``has`` is the one place revisions are
@@ -6950,7 +6983,7 @@ class BatchReply:
 
 
 # =============================================================================================
-# 12. Performance only: shortcuts that change no result
+# 14. Performance only: shortcuts that change no result
 # =============================================================================================
 # Each function here returns what the plain computation named in its docstring returns, or only
 # saves time and memory; a test compares each shortcut with the plain way. Nothing here decides
