@@ -119,8 +119,9 @@ def _drop_working_dir(path, how):
         cwd = os.path.realpath(os.getcwd())
     except OSError:
         cwd = None
-    own = {os.path.realpath(os.path.dirname(os.path.abspath(__file__))),  # the folder named, and the
-           os.path.dirname(os.path.realpath(__file__))}  # real file's, which Python uses for a symlinked script
+    # the folder named, and the real file's, which Python uses for a symlinked script
+    own = {os.path.realpath(os.path.dirname(os.path.abspath(__file__))),
+           os.path.dirname(os.path.realpath(__file__))}
 
     def kept(index, entry):
         if not isinstance(entry, str):
@@ -750,8 +751,10 @@ def trust_store():
     paths = ssl.get_default_verify_paths()
     env = environment()
     if trusts_nothing():
-        looked = [("$%s (%s)" % (name, env[name]) if env.get(name) else default) for name, default in
-                  ((paths.openssl_cafile_env, paths.openssl_cafile), (paths.openssl_capath_env, paths.openssl_capath))]
+        looked = [("$%s (%s)" % (name, env[name]) if env.get(name) else default)
+                  for name, default in
+                  ((paths.openssl_cafile_env, paths.openssl_cafile),
+                   (paths.openssl_capath_env, paths.openssl_capath))]
         return "no certificate: OpenSSL found none in %s, so no https server can be verified" % " or ".join(looked)
     named = ["$%s (%s)" % (name, value or env[name]) for name, value in
              ((paths.openssl_cafile_env, paths.cafile), (paths.openssl_capath_env, paths.capath)) if env.get(name)]
@@ -762,7 +765,8 @@ def trust_store():
                                                                    paths.openssl_capath_env)
 
 
-_CA_FOLDER_NAME = re.compile(r"[0-9a-f]{8}\.[0-9]+\Z")  # OpenSSL's <subject hash>.<n> in a CA folder
+# OpenSSL's <subject hash>.<n> in a CA folder
+_CA_FOLDER_NAME = re.compile(r"[0-9a-f]{8}\.[0-9]+\Z")
 
 
 def trusts_nothing():
@@ -1063,7 +1067,8 @@ def _read_body(resp, cap, conn, deadline):
     announced = int(length) if length and length.strip().isdigit() else None
     if announced is not None and announced > cap:
         resp.close()
-        raise NetworkError(say("the answer was larger than %s, the most this request accepts", _size(cap)))
+        raise NetworkError(say("the answer was larger than %s, the most this request accepts",
+                               _size(cap)))
     if announced is not None and not resp.chunked:  # http.client reads exactly the announced bytes
         payload = resp.read()
     else:  # no length, or chunked (which http.client reads to its end whatever Content-Length says)
@@ -1076,7 +1081,8 @@ def _read_body(resp, cap, conn, deadline):
             size += len(part)
         payload = b"".join(parts)
     if len(payload) > cap:
-        raise NetworkError(say("the answer was larger than %s, the most this request accepts", _size(cap)))
+        raise NetworkError(say("the answer was larger than %s, the most this request accepts",
+                               _size(cap)))
     return payload
 
 
@@ -1175,7 +1181,8 @@ ACQUIRED_RESUME_NEXT = ACQUIRED_NEXT + " " + RESUME_NEXT
 NEXT_STEPS = (MORE_RESULTS, ACQUIRED_NEXT, NEVER_BUYS, SAVED_NEXT, UNCHANGED_NEXT,
               UNCHANGED_OPTIONS_NEXT, SAVED_PUBLIC_NEXT, PREVIEW_NEXT, RESUME_NEXT,
               ACQUIRED_RESUME_NEXT)
-OTHER_AUTHOR_CAUTION = "CAUTION: this content was written by ANOTHER author"  # the taint rule finds it too
+# the taint rule finds it too
+OTHER_AUTHOR_CAUTION = "CAUTION: this content was written by ANOTHER author"
 ELLIPSIS = "\u2026"
 
 # Every line break a model or renderer may honour (CRLF first, so it becomes one break).
@@ -1233,7 +1240,8 @@ def _one_line_whole(text):
     return _LEADING_HASH.sub("\\1\\\\#", _defuse(_WHITESPACE.sub(" ", text).strip()))
 
 
-NONCE_BYTES = 8  # a nonce is 16 hex digits; the taint rule finds the framing by that shape (_FRAMED_BEGIN)
+# a nonce is 16 hex digits; the taint rule finds the framing by that shape (_FRAMED_BEGIN)
+NONCE_BYTES = 8
 
 
 def new_nonce():
@@ -1311,7 +1319,8 @@ def server_value(key, value):
 
 def structured_frame(nonce, untrusted, fields, framed_field, framed_text):
     """``{notice, untrusted, <server fields>, <framed_field>: framed_text}``, in that order."""
-    out = {"notice": structured_notice(nonce, untrusted, framed_field), "untrusted": bool(untrusted)}
+    out = {"notice": structured_notice(nonce, untrusted, framed_field),
+           "untrusted": bool(untrusted)}
     out.update((k, v) for k, v in fields.items() if k != "untrusted" and server_value(k, v))
     out[framed_field] = framed_text
     return out
@@ -1375,12 +1384,15 @@ def fitted_json(result, untrusted, rows, offset, caps, hint_next):
     page_in = (result.get(rows) or [])[:MAX_PAGE_ITEMS] if rows else []
     scale, max_depth = 1.0, MAX_DEPTH
     while True:
-        clean = sanitize({k: v for k, v in result.items() if k != rows}, caps, scale=scale, max_depth=max_depth)
+        clean = sanitize({k: v for k, v in result.items() if k != rows}, caps, scale=scale,
+                         max_depth=max_depth)
         page = []
         if rows:
-            used = _frame(dict(clean, **{rows: []}), rows, False, offset, untrusted, hint_next, scale)[2]
+            used = _frame(dict(clean, **{rows: []}), rows, False, offset, untrusted, hint_next,
+                          scale)[2]
             for row in page_in:
-                row = sanitize(row, caps, rows, 2, scale, max(max_depth, 3))  # a row keeps its own fields
+                # a row keeps its own fields
+                row = sanitize(row, caps, rows, 2, scale, max(max_depth, 3))
                 used += row_cost(row)
                 if used > RESULT_BUDGET:
                     break
@@ -1393,7 +1405,8 @@ def fitted_json(result, untrusted, rows, offset, caps, hint_next):
                 break
             page.pop()  # the estimate was short: confirm by building
         if size <= RESULT_BUDGET and (page or not page_in):
-            return clean, dropped, scale  # (a first row too big on its own is shortened, never skipped)
+            # (a first row too big on its own is shortened, never skipped)
+            return clean, dropped, scale
         if scale >= 0.05:
             scale /= 2
         elif max_depth > 1:  # scalars alone: at most MAX_KEYS keys of a row or a result
@@ -1414,7 +1427,8 @@ def _frame(clean, rows, dropped, offset, untrusted, hint_next, scale):
         clean["truncated"] = True
     hints = {}
     count = clean.get("next_offset")
-    if not (isinstance(count, int) and not isinstance(count, bool) and count >= 0):  # only a count reaches a hint
+    # only a count reaches a hint
+    if not (isinstance(count, int) and not isinstance(count, bool) and count >= 0):
         clean["next_offset"] = None
     if clean.get("next_offset") is not None:
         hints = {"next": hint_next or MORE_RESULTS,
@@ -1427,7 +1441,8 @@ def _frame(clean, rows, dropped, offset, untrusted, hint_next, scale):
     text = envelope(nonce, [line], untrusted, ABOUT_HINTS)
     if hints:
         text += "\n" + HINT_PREFIX + json.dumps(hints, separators=(", ", ": "))
-    fields = dict({k: v for k, v in clean.items() if k != "next_offset"}, **hints)  # no next page: absent
+    # no next page: absent
+    fields = dict({k: v for k, v in clean.items() if k != "next_offset"}, **hints)
     structured = structured_frame(nonce, untrusted, fields, "data", fenced(nonce, [line]))
     return text, structured, wire_size(text) + wire_size(structured)
 
@@ -1575,8 +1590,8 @@ def error_details(err):
     out = {}
     for key, value in err.details.items():
         kind = ERROR_DETAILS.get(key)
-        if kind == "count" and (value is None or (isinstance(value, int) and not isinstance(value, bool)
-                                                  and value >= 0)):
+        if kind == "count" and (value is None or (isinstance(value, int)
+                                                  and not isinstance(value, bool) and value >= 0)):
             out[key] = value
         elif kind == "key" and isinstance(value, str) and _IDEMPOTENCY_KEY.match(value):
             out[key] = plain_name(value, _IDEMPOTENCY_KEY)
@@ -1587,7 +1602,8 @@ def error_result(err):
     """An error's code, this file's fixed message and its allowed details (``error_details``). A
     message that is not Words is a defect: the result is ``internal_error``, never that text."""
     if not isinstance(err.message, Words):
-        log("warning", "an error message that is not this file's words was withheld (%s)" % err.code)
+        log("warning", "an error message that is not this file's words was withheld (%s)" % (
+            err.code))
         err = ToolError("internal_error", say("internal error"))
     structured = dict({"error": err.code, "message": err.message}, **error_details(err))
     return Result(error_text(err.code, err.message), structured, True, err.code)
@@ -1608,7 +1624,8 @@ def network_error(settings, err, hint=say(""), **details):
 
 
 def config_untrusted(err):
-    return ToolError("config_untrusted", say("The a4sx sign-in was not used: %s. Nothing was sent.", err.args[0]))
+    return ToolError("config_untrusted",
+                     say("The a4sx sign-in was not used: %s. Nothing was sent.", err.args[0]))
 
 
 def not_signed_in(settings):
@@ -1651,7 +1668,8 @@ def api_failure(settings, status, body):
 # Lists a client shows the model without an envelope (resources/list, completion/complete) carry
 # names only: ids and labels of an id's shape, this file's enum values and fixed texts.
 
-ID_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._:@-]*$"  # an id (ID_SCHEMA's): letters, digits and ._:@-, no space
+# an id (ID_SCHEMA's): letters, digits and ._:@-, no space
+ID_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._:@-]*$"
 _ID_NAME = re.compile(ID_PATTERN[1:-1] + r"\Z")
 _TIMESTAMP = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]+(Z|[+-][0-9]{2}:[0-9]{2})\Z")
 LIBRARY_URI = "a4sx://library/"
@@ -1733,7 +1751,8 @@ def parse_record(line):
 PARSE_COST = ((b"{", 136), (b"[", 120), (b'"', 30), (b",", 40), (b":", 56))
 DEAREST_BYTE = max(each for _, each in PARSE_COST)
 PARSE_BUDGET = 16
-_NOT_STRUCTURE = bytes(byte for byte in range(256) if bytes((byte,)) not in b'{[",:')  # all but PARSE_COST's
+# all but PARSE_COST's
+_NOT_STRUCTURE = bytes(byte for byte in range(256) if bytes((byte,)) not in b'{[",:')
 
 
 def _parse(held):
@@ -1749,8 +1768,10 @@ def _parse(held):
     except ValueError:
         return {}
     del payload  # a large bundle is held once, not twice, while it is parsed
-    if over_parse_budget(size, cost, True, text) and over_parse_budget(  # performance: escapes looked for
-            size, cost, "\\u" in text, text):  # only when counting them anyway is over (the text has the bytes')
+    # performance: escapes are looked for only when counting them anyway is over (the text has
+    # the bytes')
+    if over_parse_budget(size, cost, True, text) and over_parse_budget(
+            size, cost, "\\u" in text, text):
         raise NetworkError(say("the answer's shape was refused: %d bytes that would parse into "
                                "more than %d times that", size, PARSE_BUDGET))
     try:
@@ -1772,12 +1793,15 @@ def parse_within_budget(data, structural=None):
     it: the content parsed again is held to the answer's bound. ``structural``: how many of its
     bytes are ``PARSE_COST``'s, when the caller counted them (``lines_and_structure``)."""
     text = data.decode("utf-8", "replace")
-    coarse = sys.getsizeof(text) + 4 * len(data) + DEAREST_BYTE * (structural or 0)  # each at the dearest
-    if structural is not None and coarse <= PARSE_BUDGET * len(data) + 64 * KiB:  # performance: a coarser bound
+    # each at the dearest
+    coarse = sys.getsizeof(text) + 4 * len(data) + DEAREST_BYTE * (structural or 0)
+    # performance: a coarser bound
+    if structural is not None and coarse <= PARSE_BUDGET * len(data) + 64 * KiB:
         return parse_record(text)
     escapes = b"\\u" in data
-    if over_parse_budget(len(data), _parse_cost(data), escapes, text) and over_parse_budget(  # performance:
-            len(data), _parse_cost(data, exact=True), escapes, text):  # the exact count only when the bound is over
+    # performance: the exact count only when the bound is over
+    if over_parse_budget(len(data), _parse_cost(data), escapes, text) and over_parse_budget(
+            len(data), _parse_cost(data, exact=True), escapes, text):
         return None
     return parse_record(text)
 
@@ -1798,13 +1822,15 @@ def _parse_cost(payload, exact=False):
     what parsing allocates."""
     quotes = payload.count(b'"')
     if quotes > len(payload) >> 12 and not exact:
-        structure = payload.translate(None, _NOT_STRUCTURE)  # performance: counted on those bytes alone
+        # performance: counted on those bytes alone
+        structure = payload.translate(None, _NOT_STRUCTURE)
         return sum(structure.count(char) * each for char, each in PARSE_COST)
     structure = [(char, each) for char, each in PARSE_COST if char != b'"']
     cost, pos = quotes * dict(PARSE_COST)[b'"'], 0
     while True:
         start = payload.find(b'"', pos)
-        cost += sum(payload.count(char, pos, len(payload) if start < 0 else start) * each for char, each in structure)
+        cost += sum(payload.count(char, pos, len(payload) if start < 0 else start) * each
+                    for char, each in structure)
         close = start
         while start >= 0:  # the closing quote: one not escaped by an odd run of backslashes
             close = payload.find(b'"', close + 1)
@@ -1831,7 +1857,8 @@ def _parse_cost(payload, exact=False):
 # in benchmarks/bench.py). A line costing at most WORST_BYTE_COST a byte fits without being counted.
 LINE_ROOM_PER_FILE_BYTE = 2
 LINE_ROOM_SLACK = 16 * MiB
-WORST_BYTE_COST = 4 + 4 + DEAREST_BYTE  # its text and strings at 4 bytes a character, a "{" for every byte
+# its text and strings at 4 bytes a character, a "{" for every byte
+WORST_BYTE_COST = 4 + 4 + DEAREST_BYTE
 _WIDEST_LEAD = re.compile(b"[\xf0-\xff]")  # an astral character's first byte (or an invalid one)
 
 
@@ -1846,7 +1873,8 @@ def line_over_budget(raw, room, texts=1):
     ``strings_bound`` counts them, its structure as ``_parse_cost`` does (the exact count only when
     the fast one is over)."""
     size = len(raw)
-    if texts * 80 + (WORST_BYTE_COST + 4 * (texts - 1)) * size <= room:  # performance: no shape costs more
+    # performance: no shape costs more
+    if texts * 80 + (WORST_BYTE_COST + 4 * (texts - 1)) * size <= room:
         return False
     width = 1 if raw.isascii() else 4 if _WIDEST_LEAD.search(raw) else 2
     text = texts * (80 + width * (size + 1)) + (4 if b"\\u" in raw else width) * size
@@ -1986,7 +2014,8 @@ class TranscriptCheck:
                 return say("line %d is a session_meta record without a payload object", number)
         problem = _record_problem(record, self.first, self.session_id)
         if problem:
-            return say("line %d (record type \"%s\") %s", number, plain_name(record["type"]), problem)
+            return say("line %d (record type \"%s\") %s", number, plain_name(record["type"]),
+                       problem)
         self.session_id = self.session_id or record.get("sessionId")
         if record["type"] in ("user", "assistant") and isinstance(record.get("message"), dict):
             self.has_turn = True
@@ -2065,7 +2094,8 @@ class FramingSearch:
         caution = OTHER_AUTHOR_CAUTION.encode()
         if self.found():
             return
-        if b"\\u" not in data:  # performance: no escape, no line to decode (valid UTF-8: check_transcript ran)
+        # performance: no escape, no line to decode (valid UTF-8: check_transcript ran)
+        if b"\\u" not in data:
             self.caution = self.caution or caution in data
             self.begin = self.begin or _FRAMED_BEGIN_UTF8.search(data) is not None
             return
@@ -2170,7 +2200,8 @@ def _block_text(content):
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "\n".join(b.get("text") for b in content if isinstance(b, dict) and isinstance(b.get("text"), str))
+        return "\n".join(b.get("text") for b in content if isinstance(b, dict)
+                         and isinstance(b.get("text"), str))
     return _tool_json(content) if content is not None else ""
 
 
@@ -2215,7 +2246,8 @@ def turn_text(parts):
         if isinstance(part, str):
             lines.append(part)
         elif part[0] == "tool call":
-            lines.append(_tool_line("tool call", "%s %s" % (_str(part[1]) or "?", _tool_json(part[2]))))
+            lines.append(_tool_line("tool call", "%s %s" % (_str(part[1]) or "?",
+                                                            _tool_json(part[2]))))
         else:
             lines.append(_tool_line("tool result", _block_text(part[2])))
     return "\n".join(lines)
@@ -2247,7 +2279,8 @@ def claude_turns(data, tools):
     (progress, snapshots, system records) never cost a parse."""
     turns = []
     for line, structural in lines_and_structure(data):
-        if b'"user"' not in line and b'"assistant"' not in line and b"\\u" not in line:  # performance: skip
+        # performance: skip
+        if b'"user"' not in line and b'"assistant"' not in line and b"\\u" not in line:
             continue
         record = parse_within_budget(line, structural)
         if isinstance(record, dict):
@@ -2260,7 +2293,8 @@ def claude_turns(data, tools):
 def bundle_size(bundle):
     """Characters of base64 a bundle holds (its transcripts and documents)."""
     members = bundle.get("members") if isinstance(bundle, dict) else None
-    return sum(len(f["content_b64"]) for m in (members if isinstance(members, list) else ()) if isinstance(m, dict)
+    return sum(len(f["content_b64"]) for m in (members if isinstance(members, list) else ())
+               if isinstance(m, dict)
                for f in (m.get("files") if isinstance(m.get("files"), list) else ())
                if isinstance(f, dict) and isinstance(f.get("content_b64"), str))
 
@@ -2314,7 +2348,8 @@ def render_context(title, turns, max_tokens, untrusted, loaded="", hint_next=Non
         if i not in cache:
             role, parts = turns[i]
             body = bounded(turn_text(parts), TURN_CAP, neutralize)
-            cache[i] = ("\n### %s\n%s" % ("User" if role == "user" else "Assistant", body), body.endswith(ELLIPSIS)
+            cache[i] = ("\n### %s\n%s" % ("User" if role == "user" else "Assistant", body),
+                        body.endswith(ELLIPSIS)
                         and len(body) == TURN_CAP)
         return cache[i][0]
 
@@ -2363,10 +2398,13 @@ def render_context(title, turns, max_tokens, untrusted, loaded="", hint_next=Non
 # continued file carries on) are found and read the same way, for the taint rule only
 # (``session_parts``).
 
-LOCAL_ID_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"  # a local session id: letters, digits, - and _: no path
+# a local session id: letters, digits, - and _: no path
+LOCAL_ID_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
 LOCAL_ID = re.compile(LOCAL_ID_PATTERN[1:-1] + r"\Z")
-_CLAUDE_FILE = re.compile(r"(?!agent-)([A-Za-z0-9][A-Za-z0-9_-]{0,127})\.jsonl\Z")  # not 2.0's subagent files
-_AGENT_FILE = re.compile(r"agent-([A-Za-z0-9][A-Za-z0-9_-]{0,127})\.jsonl\Z")  # a subagent's (Task tool) file
+# not 2.0's subagent files
+_CLAUDE_FILE = re.compile(r"(?!agent-)([A-Za-z0-9][A-Za-z0-9_-]{0,127})\.jsonl\Z")
+# a subagent's (Task tool) file
+_AGENT_FILE = re.compile(r"agent-([A-Za-z0-9][A-Za-z0-9_-]{0,127})\.jsonl\Z")
 _CODEX_FILE = re.compile(r"rollout-\d{4}-\d\d-\d\dT\d\d-\d\d-\d\d-([A-Za-z0-9][A-Za-z0-9_-]{0,127})\.jsonl\Z")
 _DATE_FOLDERS = (re.compile(r"\d{4}\Z"), re.compile(r"\d\d\Z"), re.compile(r"\d\d\Z"))
 TURN_WAIT_S = 5.0       # how long the client may take to write the turn that holds the call
@@ -2384,7 +2422,8 @@ class LocalSession:
     def __init__(self, harness, session_id, root, parts, status):
         self.harness, self.id, self.root, self.parts = harness, session_id, root, tuple(parts)
         self.size, self.mtime = status.st_size, status.st_mtime
-        self.call = None  # the call id it was found by (``find_session``): the bytes read must hold it
+        # the call id it was found by (``find_session``): the bytes read must hold it
+        self.call = None
 
     def path(self):
         return os.path.join(self.root, *self.parts)
@@ -2420,7 +2459,8 @@ def _found(harness, pattern, root, names, entry):
     try:
         if not entry.is_file(follow_symlinks=False):
             return None
-        return LocalSession(harness, found.group(1), root, names + (entry.name,), entry.stat(follow_symlinks=False))
+        return LocalSession(harness, found.group(1), root, names + (entry.name,),
+                            entry.stat(follow_symlinks=False))
     except OSError:
         return None
 
@@ -2441,8 +2481,9 @@ def local_sessions(roots, harness=None):
         for pattern in _DATE_FOLDERS:
             level = [(names + (e.name,), e.path) for names, path in level for e in _entries(path)
                      if pattern.match(e.name) and e.is_dir(follow_symlinks=False)]
-        out += [s for names, path in level for s in (_found("codex-cli", _CODEX_FILE, root, names, entry)
-                                                      for entry in _entries(path)) if s]
+        out += [s for names, path in level
+                for s in (_found("codex-cli", _CODEX_FILE, root, names, entry)
+                          for entry in _entries(path)) if s]
     return sorted(out, key=lambda s: s.mtime, reverse=True)
 
 
@@ -2458,7 +2499,8 @@ def open_below(root, parts):
     Windows (no ``dir_fd``) each name is checked by ``os.lstat`` before the open: no symlink,
     junction or other reparse point (a link swapped in between the check and the open is
     followed)."""
-    if os.open not in os.supports_dir_fd or not hasattr(os, "O_NOFOLLOW"):  # Windows: names, checked one by one
+    # Windows: names, checked one by one
+    if os.open not in os.supports_dir_fd or not hasattr(os, "O_NOFOLLOW"):
         for index in range(1, len(parts) + 1):
             if _is_link(os.lstat(os.path.join(root, *parts[:index]))):
                 raise OSError("a link")
@@ -2469,7 +2511,8 @@ def open_below(root, parts):
             last = index == len(parts) - 1
             if last and os.stat in os.supports_dir_fd and not stat.S_ISREG(
                     os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
-                raise NotRegular()  # a FIFO or device is never opened (one swapped in after this is refused)
+                # a FIFO or device is never opened (one swapped in after this is refused)
+                raise NotRegular()
             flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | (0 if last else os.O_DIRECTORY)
             below = os.open(name, flags, dir_fd=fd)
             os.close(fd)
@@ -2597,7 +2640,8 @@ def as_saved(transcript, session, omit_images, found):
     def saved():
         for piece in pieces:
             found["read"] += len(piece)
-            found["call"] = found["call"] or call_in(piece, session.harness, session.call, room=room)
+            found["call"] = found["call"] or call_in(piece, session.harness, session.call,
+                                                     room=room)
             if found["carried"] is None:
                 found["carried"] = first_session_id(piece, room)
             if omit_images:
@@ -2648,7 +2692,8 @@ def call_in(data, harness, call_id, first_line_whole=True, room=None):
         if end < 0:
             return False
         line_start = data.rfind(b"\n", 0, at) + 1
-        if (line_start > 0 or first_line_whole) and is_the_call(  # a whole line: a tail's first may be cut
+        # a whole line: a tail's first may be cut
+        if (line_start > 0 or first_line_whole) and is_the_call(
                 session_line(data[line_start:end], room, "replace")[0], harness, call_id):
             return True
         at = end
@@ -2659,7 +2704,8 @@ def first_session_id(data, room=None):
     None."""
     room = room or line_room(len(data))
     for line in byte_lines(data):
-        if b"sessionId" in line or b"\\u" in line:  # candidate lines only (an escape can spell the key)
+        # candidate lines only (an escape can spell the key)
+        if b"sessionId" in line or b"\\u" in line:
             record = session_line(line, room, "replace")[0]
             if isinstance(record, dict) and isinstance(record.get("sessionId"), str) and record["sessionId"]:
                 return record["sessionId"]
@@ -2692,12 +2738,14 @@ def subagent_files(root, folder, ids=None):
     out = []
     for entry in _entries(os.path.join(root, folder)):
         if entry.is_dir(follow_symlinks=False):
-            if (ids is None and LOCAL_ID.match(entry.name)) or (ids is not None and entry.name in ids):
+            if (ids is None and LOCAL_ID.match(entry.name)) or (ids is not None
+                                                                and entry.name in ids):
                 for below in _entries(entry.path):
                     if below.name == "subagents" and below.is_dir(follow_symlinks=False):
                         names = (folder, entry.name, below.name)
-                        out += [(s, entry.name) for s in (_found("claude-code", _AGENT_FILE, root, names, e)
-                                                          for e in _entries(below.path)) if s]
+                        out += [(s, entry.name)
+                                for s in (_found("claude-code", _AGENT_FILE, root, names, e)
+                                          for e in _entries(below.path)) if s]
         else:
             found = _found("claude-code", _AGENT_FILE, root, (folder,), entry)
             if found:
@@ -2862,7 +2910,8 @@ def find_session(settings, wanted, meta, cancel):
             raise NoSession(say("No Claude Code or Codex CLI session with this id is recorded on "
                                 "this machine."),
                             project_sessions(settings, sessions))
-        mine = found if settings.all_projects else [s for s in found if of_this_project(settings, s)]
+        mine = found if settings.all_projects else [s for s in found
+                                                    if of_this_project(settings, s)]
         if not mine and settings.project_refused:
             raise ToolError("other_project", say("%s. Nothing was sent.", settings.project_refused))
         if not mine:
@@ -2884,14 +2933,16 @@ def find_session(settings, wanted, meta, cancel):
     if tool_use:
         started, checked = time.time(), {}
         for sessions in _polled(roots, "claude-code", cancel):
-            for session in sessions:  # the files written lately, each looked at again only once it changed
+            # the files written lately, each looked at again only once it changed
+            for session in sessions:
                 seen = (session.size, session.mtime)
                 if session.mtime >= started - RECENT_S and checked.get(session.parts) != seen:
                     checked[session.parts] = seen
                     if holds_call(session, tool_use):
                         session.call = tool_use
                         return session, "claudecode/toolUseId"
-            for folder in {s.parts[0] for s in sessions if s.mtime >= started - RECENT_S}:  # from a subagent
+            # from a subagent
+            for folder in {s.parts[0] for s in sessions if s.mtime >= started - RECENT_S}:
                 for part, owner in subagent_files(roots["claude-code"], folder):
                     seen = (part.size, part.mtime)
                     if part.mtime >= started - RECENT_S and checked.get(part.parts) != seen:
@@ -2906,13 +2957,15 @@ def find_session(settings, wanted, meta, cancel):
                         project_sessions(settings, local_sessions(roots)))
     if codex_id:
         for sessions in _polled(roots, "codex-cli", cancel):  # its rollout, once it holds this call
-            found = [s for s in sessions if s.id == codex_id and (call_id is None or holds_call(s, call_id))]
+            found = [s for s in sessions if s.id == codex_id
+                     and (call_id is None or holds_call(s, call_id))]
             if found:
                 found[0].call = call_id
                 return found[0], "x-codex-turn-metadata"
         raise NoSession(say("Codex CLI named this session, but no rollout of it holding this call "
                             "was written on this machine within %d s (is $CODEX_HOME set for Codex "
-                            "but not in this server's environment?).", TURN_WAIT_S), project_sessions(settings, local_sessions(roots)))
+                            "but not in this server's environment?).", TURN_WAIT_S),
+                        project_sessions(settings, local_sessions(roots)))
     if settings.claude_session_id:
         sessions = local_sessions(roots, "claude-code")
         own = [s for s in sessions if s.id == settings.claude_session_id]
@@ -2941,7 +2994,8 @@ def find_session(settings, wanted, meta, cancel):
 
 HEAD_BYTES = 256 * KiB       # a row's first prompt is looked for in its file's first complete lines
 SCAN_BYTES = 1 * MiB         # a query reads this much of a file at a time
-SCAN_PAGE_BYTES = 1024 * MiB  # ... and a page of a query at most this much, then it says where to go on
+# ... and a page of a query at most this much, then it says where to go on
+SCAN_PAGE_BYTES = 1024 * MiB
 SNIPPET_SIDE = 70            # bytes of the file each side of a match, before escapes are read
 SNIPPETS = 3                 # snippets a session's row shows at most
 _HEADS = {}                  # (harness, parts, size, mtime) -> a file's head facts: completions ask per keystroke
@@ -2965,7 +3019,8 @@ def project_session_list(settings):
     first, each with its subagents' files (a 2.0 subagent file whose records name none of them is
     left out)."""
     sessions = local_sessions(settings.session_roots)
-    mine = sessions if settings.all_projects else [s for s in sessions if of_this_project(settings, s)]
+    mine = sessions if settings.all_projects else [s for s in sessions
+                                                   if of_this_project(settings, s)]
     parts = {}
     root = settings.session_roots["claude-code"]
     for folder in sorted({s.parts[0] for s in mine if s.harness == "claude-code"}):
@@ -2975,7 +3030,8 @@ def project_session_list(settings):
                 owner = _head(part)["session_id"]
             if owner in ids:
                 parts.setdefault((folder, owner), []).append(part)
-    rows = [ProjectSession(s, parts.get((s.parts[0], s.id), []) if s.harness == "claude-code" else [])
+    rows = [ProjectSession(s,
+                           parts.get((s.parts[0], s.id), []) if s.harness == "claude-code" else [])
             for s in mine]
     return sorted(rows, key=lambda row: row.mtime, reverse=True)
 
@@ -3006,7 +3062,8 @@ def _head(session):
             facts["session_id"] = record["sessionId"]
         if not facts["prompt"]:
             facts["prompt"] = _prompt_of(record, session.harness)
-        if facts["prompt"] and facts["started"] and (facts["session_id"] or session.harness == "codex-cli"):
+        if facts["prompt"] and facts["started"] and (facts["session_id"]
+                                                     or session.harness == "codex-cli"):
             break
     if len(_HEADS) >= _HEADS_KEPT:
         _HEADS.clear()
@@ -3032,7 +3089,8 @@ def _prompt_of(record, harness):
             return ""
         content = message.get("content")
         texts = [content] if isinstance(content, str) else [
-            b.get("text") for b in _list(content) if isinstance(b, dict) and b.get("type") == "text"]
+            b.get("text")
+            for b in _list(content) if isinstance(b, dict) and b.get("type") == "text"]
     return " ".join(t.strip() for t in texts if isinstance(t, str) and not t.lstrip().startswith("<")).strip()[:4 * KiB]
 
 
@@ -3044,7 +3102,8 @@ def _prompt_of(record, harness):
 _SHORT_ESCAPES = {'"': '\\"', "\\": "\\\\", "/": "\\/", "\b": "\\b", "\f": "\\f"}
 _SPACE_RUN = rb"(?:[ \t]|\\[nrt]){1,8}"
 MATCH_BYTES_PER_CHAR = 16
-_ESCAPED_ASCII = re.compile(rb"\\u00[2-7][0-9a-fA-F]")  # a printable ASCII character spelled as an escape
+# a printable ASCII character spelled as an escape
+_ESCAPED_ASCII = re.compile(rb"\\u00[2-7][0-9a-fA-F]")
 
 
 def _spellings(char):
@@ -3070,7 +3129,8 @@ class PhraseSearch:
         words = phrase.split()
         self.pattern = re.compile(_SPACE_RUN.join(b"".join(_spellings(c) for c in w) for w in words), re.I)
         self.carry = MATCH_BYTES_PER_CHAR * len(" ".join(words))
-        runs = re.findall(r"[!#-.0-\[\]-~]+", " ".join(words).lower())  # ASCII, no space, quote, / or \
+        # ASCII, no space, quote, / or \
+        runs = re.findall(r"[!#-.0-\[\]-~]+", " ".join(words).lower())
         self.literal = max(runs, key=len).encode() if runs else b""
 
     def search(self, session, cancel, budget):
@@ -3181,7 +3241,8 @@ def without_images(data, room=None):
     while start < len(data):
         end = data.find(b"\n", start)
         end = len(data) if end < 0 else end
-        maybe = data.find(b"base64", start, end) >= 0 or data.find(b"\\u", start, end) >= 0  # an escape may spell it
+        # an escape may spell it
+        maybe = data.find(b"base64", start, end) >= 0 or data.find(b"\\u", start, end) >= 0
         raw = data[start:end] if maybe else b""
         record = None
         if raw:
@@ -3210,7 +3271,8 @@ def without_images(data, room=None):
         raw = record = None
         start = end + 1
     out = b"".join(pieces)
-    return out, {"choice": "placeholder", "replaced": tally["replaced"], "bytes_removed": len(data) - len(out)}
+    return out, {"choice": "placeholder", "replaced": tally["replaced"],
+                 "bytes_removed": len(data) - len(out)}
 
 
 # =============================================================================================
@@ -3337,7 +3399,9 @@ def scrub_worker_main():
         batch = request.get("batch") and batches
         out, reply = scrub_on_any_stack(data, rules, (lambda: scrub_batch(rules, watch, data)) if batch else whole) or (
             b"", {"stack_dependent": True})
-        reply.update(size=len(out), texts={key: scrub.scrub_text(value) for key, value in request["texts"].items()})
+        reply.update(size=len(out),
+                     texts={key: scrub.scrub_text(value)
+                            for key, value in request["texts"].items()})
         stdout.write(json.dumps(reply).encode() + b"\n" + out)
         stdout.flush()
 
@@ -3410,7 +3474,8 @@ def scrub_batch(rules, watch, data):
     if names or prefixes:
         second = run(True, prefixes)
         out, kept = rules.sr_name_reconcile(first[0], second[0], names)
-    reports = [{"lines_changed": len({hit["line"] for hit in hits}), "rules": dict(sorted(counts.items()))}
+    reports = [{"lines_changed": len({hit["line"] for hit in hits}),
+                "rules": dict(sorted(counts.items()))}
                for _, counts, hits in (first, second)]
     return ((first[0] if kept else out).encode("utf-8"),
             {"report": reports[0], "second": reports[1], "kept": kept, "carried": watch.carried()})
@@ -3439,7 +3504,8 @@ def nests_near_the_stack_edge(data, rules):
     if data.count(b"[") + data.count(b"{") <= doubt:
         return False
     return any(line.count(b"[") + line.count(b"{") > doubt
-               and (too_deep is None or too_deep(line.decode("utf-8", "replace"), doubt)) for line in byte_lines(data))
+               and (too_deep is None or too_deep(line.decode("utf-8", "replace"), doubt))
+               for line in byte_lines(data))
 
 
 def scrub_on_any_stack(data, rules, scrub):
@@ -3809,7 +3875,8 @@ def transcript_session_id(data, room=None):
     parse instead (one copy: within the room, since check_transcript ran)."""
     module = sdk_module("transcript")
     room = room or line_room(len(data))
-    for line in byte_lines(data):  # performance: candidate lines only (the SDK would split the whole upload)
+    # performance: candidate lines only (the SDK would split the whole upload)
+    for line in byte_lines(data):
         if b"sessionId" in line or b"\\u" in line:
             if line_over_budget(line, room, texts=2):
                 record = session_line(line, room, "replace")[0]
@@ -3825,8 +3892,10 @@ def transcript_session_id(data, room=None):
 # does: ``lineage/<session id>.json`` and ``untrusted.json``, ``{origin: [collection ids]}``) with
 # its own paths, origin rule and private-file writer from ``a4sx.config``: ``a4sx.sdk`` would import
 # the scrub rules, which these records do not need.
-_records_lock = threading.Lock()  # this process's threads; ``RecordsLock`` adds every other process's
-RECORDS_LOCK_WAIT_S = 10  # a read-modify-write takes milliseconds: a lock held longer is a stuck process
+# this process's threads; ``RecordsLock`` adds every other process's
+_records_lock = threading.Lock()
+# a read-modify-write takes milliseconds: a lock held longer is a stuck process
+RECORDS_LOCK_WAIT_S = 10
 
 
 class RecordsError(Exception):
@@ -3869,7 +3938,9 @@ class RecordsLock:
             os.makedirs(os.path.dirname(self.path), 0o700, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
         except OSError as err:
-            raise RecordsError(self.path, say("its lock file cannot be opened (%s)", _os_reason(err))) from None
+            raise RecordsError(self.path,
+                               say("its lock file cannot be opened (%s)",
+                                   _os_reason(err))) from None
         deadline = time.monotonic() + RECORDS_LOCK_WAIT_S
         while True:
             try:
@@ -3914,7 +3985,8 @@ def read_lineage(session_id):
     """The SDK's lineage record for a local session (``record_lineage``), or None."""
     if not isinstance(session_id, str) or not session_id:
         return None
-    data = _read_json(os.path.join(sdk_module("config").lineage_dir(), _record_name(session_id) + ".json"))
+    data = _read_json(os.path.join(sdk_module("config").lineage_dir(),
+                                   _record_name(session_id) + ".json"))
     return data if isinstance(data, dict) else None
 
 
@@ -4049,7 +4121,8 @@ FETCH_BUDGET_HELP = ("Size cap in tokens (~4 characters each). Clients may warn 
                      "refuse large results (Claude Code: above 10000 / 25000 tokens by default); "
                      "keep 8000 unless the user asks for more.")
 HARNESS_IDS = ["claude-code", "codex-cli", "gemini-cli", "grok-build", "opencode", "unknown"]
-READ_ONLY = {"readOnlyHint": True, "destructiveHint": False, "idempotentHint": True, "openWorldHint": False}
+READ_ONLY = {"readOnlyHint": True, "destructiveHint": False, "idempotentHint": True,
+             "openWorldHint": False}
 
 
 PUBLISH_ANNOTATIONS = {"readOnlyHint": False, "destructiveHint": False, "idempotentHint": False,
@@ -4070,7 +4143,8 @@ PUBLISH_PROPERTIES = {
                    "description": "Always private."},
     "client_scrubbed": {"type": "boolean",
                         "description": "Accepted for compatibility: it is always scrubbed here."},
-    "idempotency_key": {"type": "string", "minLength": 1, "maxLength": 128, "pattern": "^[\\x21-\\x7e]+$",
+    "idempotency_key": {"type": "string", "minLength": 1, "maxLength": 128,
+                        "pattern": "^[\\x21-\\x7e]+$",
                         "description": "To retry a failed save, the key its error named; other "
                                        "content under a key is a save of its own. Default: new."},
 }
@@ -4103,7 +4177,8 @@ TOOLS = [
                      "description": "Only sessions carrying all of these tags."},
             "sort": {"type": "string", "enum": ["relevance", "imports", "rating", "recent"],
                      "default": "relevance", "description": "Order of the results."},
-            "limit": {"type": "integer", "minimum": 1, "maximum": 50, "default": 10, "description": "Rows per page."},
+            "limit": {"type": "integer", "minimum": 1, "maximum": 50, "default": 10,
+                      "description": "Rows per page."},
             "offset": {"type": "integer", "minimum": 0, "maximum": 10000, "default": 0,
                        "description": "Rows to skip: pass the previous result's next_offset."},
             "harness": {"type": "array", "maxItems": 5,
@@ -4188,7 +4263,8 @@ TOOLS = [
             "and personal data here first; saving the same session again adds a new version to the "
             "entry it was saved to. Nothing is made public."),
         "inputSchema": _object({
-            "session": {"type": "string", "minLength": 1, "maxLength": 128, "pattern": LOCAL_ID_PATTERN,
+            "session": {"type": "string", "minLength": 1, "maxLength": 128,
+                        "pattern": LOCAL_ID_PATTERN,
                         "default": "current",
                         "description": "current (default): the session this call comes from; else "
                                        "the id of one of this project's Claude Code sessions or "
@@ -4221,7 +4297,8 @@ TOOLS = [
             "query": {"type": "string", "maxLength": 200,
                       "description": "A phrase the session's text holds, e.g. \"login bug\" (any "
                                      "case, escapes read). Empty: every session."},
-            "limit": {"type": "integer", "minimum": 1, "maximum": 50, "default": 20, "description": "Rows per page."},
+            "limit": {"type": "integer", "minimum": 1, "maximum": 50, "default": 20,
+                      "description": "Rows per page."},
             "offset": {"type": "integer", "minimum": 0, "maximum": 100000, "default": 0,
                        "description": "Sessions already looked at: pass the previous result's "
                                       "next_offset."},
@@ -4264,30 +4341,37 @@ OUTPUT_SCHEMAS = {
         "scope": {"enum": ["public", "library"]}, "total": _COUNT, "next_offset": _COUNT,
         "truncated": _FLAG, "next": _TEXT, "data": _ENVELOPED}, ["scope", "total", "data"]),
     "get_session_summary": _output_schema({
-        "source": {"enum": ["marketplace", "library"]}, "truncated": _FLAG, "data": _ENVELOPED}, ["source", "data"]),
+        "source": {"enum": ["marketplace", "library"]}, "truncated": _FLAG, "data": _ENVELOPED},
+        ["source", "data"]),
     "acquire_session": _output_schema({
         "status": {"enum": ["acquired", "payment_required"]}, "next": _TEXT, "data": _ENVELOPED},
         ["status", "data"]),
     "fetch_session_context": _output_schema({
-        "status": {"const": "ok"}, "source": {"const": "library"}, "max_tokens": _COUNT, "approx_tokens": _COUNT,
-        "truncated": _FLAG, "turns_total": _COUNT, "turns_included": _COUNT, "next": _TEXT, "context": _TEXT},
-        ["status", "source", "max_tokens", "approx_tokens", "truncated", "turns_total", "turns_included", "context"]),
+        "status": {"const": "ok"}, "source": {"const": "library"}, "max_tokens": _COUNT,
+        "approx_tokens": _COUNT,
+        "truncated": _FLAG, "turns_total": _COUNT, "turns_included": _COUNT, "next": _TEXT,
+        "context": _TEXT},
+        ["status", "source", "max_tokens", "approx_tokens", "truncated", "turns_total",
+         "turns_included", "context"]),
     "publish_session": _output_schema({
         "status": {"const": "saved"}, "visibility": {"enum": ["private", "public"]},
         "visibility_confirmed": {"type": "boolean", "description": "false: not in the answer; what "
                                  "was requested"},
-        "deduped": _FLAG, "joined": _FLAG, "options_applied": {"type": "boolean", "description": "false: deduped; "
-                                                                                            "options not applied"},
+        "deduped": _FLAG, "joined": _FLAG,
+        "options_applied": {"type": "boolean", "description": "false: deduped; options not "
+                            "applied"},
         "next": _TEXT, "data": _ENVELOPED}, ["status", "visibility", "data"]),
 }
 # A save not done within ANSWER_WITHIN_S answers this (``saving_result``): no author text in it.
-OUTPUT_SCHEMAS["publish_session"]["anyOf"].append({  # beside them: stage (Words), elapsed_s (a count)
-    "properties": {"status": {"const": "saving"}, "save_id": _TEXT, "next": _TEXT}, "required": ["status", "save_id",
-                                                                                                  "next"]})
+# beside them: stage (Words), elapsed_s (a count)
+OUTPUT_SCHEMAS["publish_session"]["anyOf"].append({
+    "properties": {"status": {"const": "saving"}, "save_id": _TEXT, "next": _TEXT},
+    "required": ["status", "save_id", "next"]})
 OUTPUT_SCHEMAS["publish_local_session"] = json.loads(json.dumps(OUTPUT_SCHEMAS["publish_session"]))
 OUTPUT_SCHEMAS["publish_local_session"]["anyOf"][0]["properties"]["status"] = {"enum": ["saved", "preview"]}
 OUTPUT_SCHEMAS["list_local_sessions"] = _output_schema({
-    "scope": {"const": "local"}, "total": _COUNT, "next_offset": _COUNT, "truncated": _FLAG, "next": _TEXT,
+    "scope": {"const": "local"}, "total": _COUNT, "next_offset": _COUNT, "truncated": _FLAG,
+    "next": _TEXT,
     "data": _ENVELOPED}, ["scope", "total", "data"])
 
 
@@ -4365,7 +4449,8 @@ def validate(schema, value, path):
 
 
 def _integral_float(value):
-    return isinstance(value, float) and value - value == 0 and value == int(value)  # finite, no fraction
+    # finite, no fraction
+    return isinstance(value, float) and value - value == 0 and value == int(value)
 
 
 def with_defaults(schema, args):
@@ -4578,7 +4663,8 @@ class ToolContext:
         return [row for row in _list(rows) if isinstance(row, dict)]
 
 
-PROGRESS_EVERY_S = 4.0  # a long step (a scrub, an upload) reports this often that it is still running
+# a long step (a scrub, an upload) reports this often that it is still running
+PROGRESS_EVERY_S = 4.0
 
 
 class Ticker:
@@ -4609,7 +4695,8 @@ class Ticker:
 # --- search_sessions ----------------------------------------------------------------------------
 
 # Where a word is found counts for more in a name than in prose (library search).
-RANK_FIELDS = (("title", 6), ("label", 6), ("id", 5), ("tags", 4), ("description", 2), ("summary", 1))
+RANK_FIELDS = (("title", 6), ("label", 6), ("id", 5), ("tags", 4), ("description", 2),
+               ("summary", 1))
 
 
 _COMBINING_MARKS = re.compile("[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]+")
@@ -4627,19 +4714,23 @@ def ranked(rows, query, sort):
     phrase, then the words' weight (a whole word counts double, a word's start half again), then
     ``sort`` (``recent``: newest ``updated_at``; otherwise the library's own order)."""
     words = fold(query).split()
-    bounds = [(re.compile(r"(?<![^\W_])" + re.escape(w)), re.compile(r"(?<![^\W_])%s(?![^\W_])" % re.escape(w)))
+    bounds = [(re.compile(r"(?<![^\W_])" + re.escape(w)),
+               re.compile(r"(?<![^\W_])%s(?![^\W_])" % re.escape(w)))
               for w in words]
     phrase = " ".join(words)
     scored = []
     for index, row in enumerate(rows):
         tags = " ".join(t for t in _list(row.get("tags")) if isinstance(t, str))
-        fields = [(fold(tags if name == "tags" else _str(row.get(name))), weight) for name, weight in RANK_FIELDS]
+        fields = [(fold(tags if name == "tags" else _str(row.get(name))), weight)
+                  for name, weight in RANK_FIELDS]
         score = 0.0
         for word, (start, whole) in zip(words, bounds):
             best = 0.0
             for text, weight in fields:
                 if word in text:
-                    best = max(best, weight * (2.0 if whole.search(text) else 1.5 if start.search(text) else 1.0))
+                    best = max(best,
+                               weight * (2.0 if whole.search(text) else 1.5 if start.search(text)
+                                         else 1.0))
             if not best:
                 break
             score += best
@@ -4717,7 +4808,8 @@ def tool_get_session_summary(ctx, args):
         "members": [{"id": _str(m.get("id")), "kind": _str(m.get("kind")),
                      "title": _str(m.get("title")),
                      "abstract": one_line(_str(m.get("abstract")), 400)} for m in members],
-        "depth": depth if isinstance(depth, dict) else {}, "stats": stats if isinstance(stats, dict) else {},
+        "depth": depth if isinstance(depth, dict) else {},
+        "stats": stats if isinstance(stats, dict) else {},
         "latest_release": item.get("latest_release"), "provenance": item.get("provenance"),
         "author_claims": item.get("author_claims"), "created_at": item.get("created_at"),
         "deprecated": item.get("deprecated") is True,
@@ -4735,11 +4827,14 @@ def tool_acquire_session(ctx, args):
                         say("Too many acquire_session calls; try again in %d s.", wait),
                         retry_after_s=wait)
     sid, tenant = args["id"], args.get("tenant") or None
-    status, body = ctx.request("acquire", {"id": sid, "tenant": tenant, "version": args.get("version") or "latest"},
+    status, body = ctx.request("acquire",
+                               {"id": sid, "tenant": tenant,
+                                "version": args.get("version") or "latest"},
                                 ok=None)
     code, details = api_error_fields(body)
     if status in (200, 201) and isinstance(body, dict) and body.get("collection"):
-        resumes = ctx.server.harness_seen.get(sid) == "claude-code"  # shown by a search or summary first
+        # shown by a search or summary first
+        resumes = ctx.server.harness_seen.get(sid) == "claude-code"
         hint = ACQUIRED_RESUME_NEXT if resumes else ACQUIRED_NEXT
         result = {"status": "acquired", "library_id": _str(body["collection"]),
                   "version": body.get("version"), "acquired_from": body.get("acquired_from"),
@@ -4811,14 +4906,16 @@ def tool_fetch_session_context(ctx, args):
     harness = harness_of(bundle.get("harness") or (row or {}).get("harness"))["id"]
     bundle = None  # the base64 text can go before the turns are built
     if picked is None:
-        raise ToolError("no_transcript", say("That library entry has no session transcript to load."))
+        raise ToolError("no_transcript",
+                        say("That library entry has no session transcript to load."))
     kind, content = picked
     tools = args["include_tool_calls"]
     turns = canonical_turns(content, tools) if kind == "canonical" else claude_turns(content, tools)
     content = picked = None
     loaded = "Library id: %s, version %s" % (args["id"], _str(version) or "latest")
     hint = RESUME_NEXT if harness == "claude-code" else None
-    body, included, truncated = render_context(title, turns, args["max_tokens"], untrusted, loaded, hint)
+    body, included, truncated = render_context(title, turns, args["max_tokens"], untrusted, loaded,
+                                               hint)
     fields = {"status": "ok", "source": "library", "max_tokens": args["max_tokens"],
               "approx_tokens": None, "truncated": truncated, "turns_total": len(turns),
               "turns_included": included}  # context_result counts
@@ -4828,8 +4925,9 @@ def tool_fetch_session_context(ctx, args):
 # --- list_local_sessions: this project's sessions on this machine, found by what they hold ----------
 
 LOCAL_CAPS = dict(FIELD_CAPS, first_prompt=200, snippets=200, library_id=200)
-LOCAL_PAGE_BUDGET = RESULT_BUDGET * 3 // 4  # rows fitted here first, so framing never drops one (next_offset stays
-#                                             a position in the list, not a count of rows)
+# Rows are fitted here first, so framing never drops one (next_offset stays a position in the list,
+# not a count of rows).
+LOCAL_PAGE_BUDGET = RESULT_BUDGET * 3 // 4
 SAVES_OFF = ("Saving is turned off for this project (A4SX_MCP_NEVER_SAVE in this server's "
              "configuration): nothing from it is saved.")
 
@@ -4873,11 +4971,13 @@ def tool_list_local_sessions(ctx, args):
         entry, index = sessions[index], index + 1
         found = None
         if search is not None:
-            found = [search.search(part, ctx.cancel, budget) for part in (entry.session,) + entry.parts]
+            found = [search.search(part, ctx.cancel, budget)
+                     for part in (entry.session,) + entry.parts]
             found = [hit for hit in found if hit and hit[0]]
             if not found:
                 continue
-            found = (sum(hit[0] for hit in found), [snippet for hit in found for snippet in hit[1]][:SNIPPETS])
+            found = (sum(hit[0] for hit in found),
+                     [snippet for hit in found for snippet in hit[1]][:SNIPPETS])
         picked.append((index - 1, local_row(entry, found, saves, entry.session.id == current)))
     rows, used, next_offset = [], 0, index if index < len(sessions) else None
     for position, row in picked:
@@ -4957,26 +5057,33 @@ def tool_publish_local_session(ctx, args):
                            "no_local_session")
     key, options, preview = "%s:%s" % (session.harness, session.id), save_options(args), args.get("preview")
     kept = None if preview else ctx.server.previews.find(key, options)
-    transcript = read_session(session, ctx.settings.max_local_bytes, kept[2]["bytes"] if kept else 0)
+    transcript = read_session(session, ctx.settings.max_local_bytes,
+                              kept[2]["bytes"] if kept else 0)
     ctx.holding(transcript.size)
-    if kept is not None and (transcript.prefix_sha256 != kept[3] or framed_since(ctx, session, kept)):
-        ctx.server.previews.drop(key, options)  # the file no longer begins with what it showed, or a part changed
+    if kept is not None and (transcript.prefix_sha256 != kept[3]
+                             or framed_since(ctx, session, kept)):
+        # the file no longer begins with what it showed, or a part changed
+        ctx.server.previews.drop(key, options)
         kept = None
     try:
         if not preview:
-            ctx.claim(key, "%s %s" % (options, transcript.sha256))  # other options (images too) or bytes: not joined
+            # other options (images too) or bytes: not joined
+            ctx.claim(key, "%s %s" % (options, transcript.sha256))
     except BaseException:
         transcript.close()
         raise
     try:
-        into = saved_entry(ctx.settings.base, key)  # (after the claim: a save it waited for may have made it)
+        # (after the claim: a save it waited for may have made it)
+        into = saved_entry(ctx.settings.base, key)
     except SdkMissing:
         into = None  # prepare_publish says what is missing
-    if kept is not None and kept[0].into == into and ctx.server.previews.take(key, options, kept[0]):
+    if kept is not None and kept[0].into == into and ctx.server.previews.take(key, options,
+                                                                              kept[0]):
         transcript.close()
         return saved_after_preview(ctx, session, how, kept, transcript)
     omit = args.get("images") == "placeholder"  # the user's choice, never made here
-    found = {"read": 0, "lines": transcript.lines, "call": not session.call, "carried": None, "parts": None,
+    found = {"read": 0, "lines": transcript.lines, "call": not session.call, "carried": None,
+             "parts": None,
              "images": {"choice": "placeholder", "replaced": 0, "bytes_removed": 0} if omit else {"choice": "keep"}}
     transcript.pieces = as_saved(transcript, session, omit, found)
 
@@ -4984,7 +5091,8 @@ def tool_publish_local_session(ctx, args):
         """What the taint rule sees of the session's other files, once its own were read (its
         records name the earlier session it continues); and its bytes read must hold the call it was
         found by."""
-        parts = found["parts"] = session_parts(session, found["carried"], ctx.settings.max_local_bytes, session.call)
+        parts = found["parts"] = session_parts(session, found["carried"],
+                                               ctx.settings.max_local_bytes, session.call)
         if not (found["call"] or parts["call_in_subagent"]):
             raise ToolError("session_unreadable", say("The session file changed after it was "
                                                       "found: the bytes read no longer hold this "
@@ -5022,7 +5130,8 @@ def take_publish_slot(ctx):
     nothing."""
     wait = ctx.server.publish_limit.take()
     if wait:
-        raise ToolError("rate_limited", say("Too many publish calls; try again in %d s.", wait), retry_after_s=wait)
+        raise ToolError("rate_limited", say("Too many publish calls; try again in %d s.", wait),
+                        retry_after_s=wait)
 
 
 def save_options(args):
@@ -5037,7 +5146,8 @@ def framed_since(ctx, session, kept):
     """True when a part of the session (a subagent's file, the earlier session it continues) holds
     framing that the kept preview did not see: the save is then decided afresh."""
     prep, found = kept[0], kept[1]
-    return not prep.framed and session_parts(session, found["carried"], ctx.settings.max_local_bytes, None)["framed"]
+    return not prep.framed and session_parts(session, found["carried"],
+                                             ctx.settings.max_local_bytes, None)["framed"]
 
 
 def earlier_entries(ctx, parts):
@@ -5119,7 +5229,8 @@ def prepare_publish(ctx, held, args, into=None, local=None, also=(False, ())):
     upload = ScrubbedUpload()
     try:
         try:
-            with Ticker(ctx, say("scrubbing %s on this machine", _size(transcript.size)), lambda: upload.scrubbed):
+            with Ticker(ctx, say("scrubbing %s on this machine", _size(transcript.size)),
+                        lambda: upload.scrubbed):
                 report, texts = scrub_transcript(transcript, each, {"title": args.get("title"),
                                                                     "label": args.get("label")},
                                                  ctx.cancel, ctx.settings.scrub_workers, upload)
@@ -5136,7 +5247,8 @@ def prepare_publish(ctx, held, args, into=None, local=None, also=(False, ())):
         if into and not any(row.get("id") == into for row in rows):
             into = None  # the entry it was saved to is gone: a new one
         parent, parent_row = publish_parent(args.get("parent"), None if into else lineage, rows)
-        params = {"label": label, "title": title, "parent": parent, "into": into, "client_scrub": "full"}
+        params = {"label": label, "title": title, "parent": parent, "into": into,
+                  "client_scrub": "full"}
         return Prepared(upload=upload, size=upload.size, content_sha=upload.content_sha(),
                         report=report, text_redactions=text_redactions, lineage=lineage,
                         framed=framed or framing.found(), rows=rows, into=into, parent=parent,
@@ -5157,8 +5269,10 @@ def publish_parent(given, lineage, rows):
         return (_str(row["id"]) if row else given), row
     if lineage and isinstance(lineage.get("parent_cid"), str) and lineage["parent_cid"]:
         parent = lineage["parent_cid"]
-        sent = parent + ("@" + _str(lineage["parent_version"]) if lineage.get("parent_version") else "")
-        if validate(ID_SCHEMA, sent, say("parent")) is None:  # id-shaped like a parent the caller names
+        sent = parent + ("@" + _str(lineage["parent_version"]) if lineage.get("parent_version")
+                         else "")
+        # id-shaped like a parent the caller names
+        if validate(ID_SCHEMA, sent, say("parent")) is None:
             return sent, next((r for r in rows if r.get("id") == parent), None)
     return None, None
 
@@ -5189,12 +5303,15 @@ def previewed(ctx, prep, local):
     label = prep.params.get("label")
     named = next((row for row in prep.rows if label and row.get("label") == label), None)
     entry = prep.into or (_str(named.get("id")) if named else None)
-    why = taint_reasons(ctx, prep.lineage, prep.framed, prep.parent_row, entry, prep.rows, earlier=prep.earlier)
+    why = taint_reasons(ctx, prep.lineage, prep.framed, prep.parent_row, entry, prep.rows,
+                        earlier=prep.earlier)
     report = prep.report
     return {"status": "preview", "sent": False, "untrusted": bool(why), "untrusted_because": why,
-            "would_save_as": "new_version" if entry else "new_entry", "library_id": entry, "parent": prep.parent,
+            "would_save_as": "new_version" if entry else "new_entry", "library_id": entry,
+            "parent": prep.parent,
             "visibility": "private", "visibility_confirmed": False, "bytes_to_upload": prep.size,
-            "client_redactions": {"lines_changed": report["lines_changed"], "rules": report["rules"],
+            "client_redactions": {"lines_changed": report["lines_changed"],
+                                  "rules": report["rules"],
                                   "title_and_label": prep.text_redactions},
             "local_session": local}
 
@@ -5205,12 +5322,15 @@ def saved_after_preview(ctx, session, how, kept, transcript):
     by the preview's own turn: the turns since go in the next save)."""
     prep, found, shown = kept[:3]
     try:
-        local = dict(local_description(session, how, found), bytes_read=transcript.complete, lines=transcript.lines)
-        local["saved_as_previewed"] = shown  # what the upload holds: the session as the preview read it
+        local = dict(local_description(session, how, found), bytes_read=transcript.complete,
+                     lines=transcript.lines)
+        # what the upload holds: the session as the preview read it
+        local["saved_as_previewed"] = shown
         result = send_prepared(ctx, prep)
     finally:
         prep.close()
-    result["local_session"], result["from_preview"] = local, True  # the upload is what that preview scrubbed
+    # the upload is what that preview scrubbed
+    result["local_session"], result["from_preview"] = local, True
     return saved_result(result)
 
 
@@ -5226,7 +5346,8 @@ class Previews:
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.kept = {}  # (session key, options) -> (monotonic time, (Prepared, found, shown, SHA-256 read))
+        # (session key, options) -> (monotonic time, (Prepared, found, shown, SHA-256 read))
+        self.kept = {}
 
     def keep(self, key, options, value, digest):
         with self.lock:
@@ -5266,7 +5387,8 @@ class Previews:
     def _expire(self, room):
         """Drops (under the lock) what is older than PREVIEW_KEEP_S and the oldest past ``room``."""
         now, dropped, over = time.monotonic(), [], len(self.kept) - room
-        for index, (name, (at, value)) in enumerate(sorted(self.kept.items(), key=lambda item: item[1][0])):
+        for index, (name, (at, value)) in enumerate(sorted(self.kept.items(),
+                                                           key=lambda item: item[1][0])):
             if now - at > PREVIEW_KEEP_S or index < over:
                 dropped.append(value[0])
                 del self.kept[name]
@@ -5336,7 +5458,8 @@ def unsettled_key(ctx, content_sha):
     except SdkMissing:
         return None
     for name, value in sorted((entries if isinstance(entries, dict) and session else {}).items()):
-        if (name.startswith("ended:") and isinstance(value, dict) and value.get("session") == session
+        if (name.startswith("ended:") and isinstance(value, dict)
+            and value.get("session") == session
                 and value.get("outcome") in ("may_be_stored", "cut") and value.get("sha") == content_sha
                 and isinstance(value.get("key"), str) and _IDEMPOTENCY_KEY.match(value["key"])):
             return value["key"]
@@ -5367,11 +5490,13 @@ def push_with_retries(ctx, upload, params, headers, caller_key, local=False):
     (``upload_key``); a local session that grew since is other content (``local``)."""
     attempt, ensured_again = 0, False
     while True:
-        ctx.sending(caller_key, headers["X-Content-SHA256"])  # the safe point: this attempt sends nothing if stopped
+        # the safe point: this attempt sends nothing if stopped
+        ctx.sending(caller_key, headers["X-Content-SHA256"])
         try:
             with Ticker(ctx, say("uploading %s (attempt %d)", _size(upload.size), attempt + 1)):
                 status, body = ctx.send("push", params, data=upload.file, headers=headers,
-                                        deadline_s=upload_timeout(upload.size, ctx.settings.upload_timeout_s))
+                                        deadline_s=upload_timeout(upload.size,
+                                                                  ctx.settings.upload_timeout_s))
             failure = None
         except NetworkError as err:
             status, body, failure = 0, {}, err
@@ -5399,7 +5524,8 @@ def push_with_retries(ctx, upload, params, headers, caller_key, local=False):
     if failure is not None:
         raise network_error(ctx.settings, failure, same, idempotency_key=caller_key)
     if status not in (200, 201, 202):
-        if 400 <= status < 500 and status not in (408, 429):  # refused; a stored attempt's key gets its answer
+        # refused; a stored attempt's key gets its answer
+        if 400 <= status < 500 and status not in (408, 429):
             ctx.settled("failed")
         raise api_failure(ctx.settings, status, body)
     body = body if isinstance(body, dict) else {}
@@ -5434,7 +5560,8 @@ def visibility_of(body):
     say); and ``visibility_confirmed``, which tells the two apart (the hosted vocabulary stays in
     ``visibility``)."""
     stated = body.get("visibility") in ("private", "public")
-    return {"visibility": body["visibility"] if stated else "private", "visibility_confirmed": stated}
+    return {"visibility": body["visibility"] if stated else "private",
+            "visibility_confirmed": stated}
 
 
 def saved_as(body, into, collection):
@@ -5455,8 +5582,9 @@ def saved_as(body, into, collection):
 def saved_result(result):
     """A save's result (``fields`` kept, so a save that joined it can say so:
     ``Saves.result_of``)."""
-    hint = (SAVED_PUBLIC_NEXT if result["visibility"] == "public" else UNCHANGED_OPTIONS_NEXT if result.get(
-        "options_applied") is False else UNCHANGED_NEXT if result["deduped"] else SAVED_NEXT)  # as the answer says
+    hint = (SAVED_PUBLIC_NEXT if result["visibility"] == "public"  # as the answer says
+            else UNCHANGED_OPTIONS_NEXT if result.get("options_applied") is False
+            else UNCHANGED_NEXT if result["deduped"] else SAVED_NEXT)
     out = json_result(result, result["untrusted"], "saved", hint_next=hint)
     out.fields = result
     return out
@@ -5527,8 +5655,10 @@ class Save:
         self.upload = {}  # its caller key and the SHA-256 of its bytes, recorded with it
         self.watchers = set()  # the progress reporters of the calls waiting for it
         self.ttl_s = SAVE_KEEP_S
-        self.task = None  # (kind, version) when it runs as an MCP task: "legacy" (2025-11-25) or "modern"
-        self.task_cancelled = False  # tasks/cancel: the task is cancelled, whatever the save still does
+        # (kind, version) when it runs as an MCP task: "legacy" (2025-11-25) or "modern"
+        self.task = None
+        # tasks/cancel: the task is cancelled, whatever the save still does
+        self.task_cancelled = False
 
     def current(self):
         """The save whose result this one's callers get: itself, or the one it joined."""
@@ -5546,7 +5676,8 @@ class Saves:
 
     def __init__(self, server):
         self.server = server
-        self.lock = threading.RLock()  # re-entered when a signal's ``end`` interrupts the main thread's ``find``
+        # re-entered when a signal's ``end`` interrupts the main thread's ``find``
+        self.lock = threading.RLock()
         self.by_id = {}
         self.by_key = {}
 
@@ -5562,7 +5693,8 @@ class Saves:
                                             running))
             save = Save(name)
             self.by_id[save.id] = save
-        run_ctx = ToolContext(self.server, save.cancel, lambda message: self._note(save, message), ctx.meta)
+        run_ctx = ToolContext(self.server, save.cancel, lambda message: self._note(save, message),
+                              ctx.meta)
         run_ctx.save = save
         try:
             threading.Thread(target=self._run, args=(save, handler, run_ctx, args),
@@ -5585,7 +5717,8 @@ class Saves:
         except LocalFailure as err:  # a step on this machine (the scrub processes, the upload's file)
             result = error_result(local_failure(err))
         except Exception as err:  # noqa: BLE001 - never leak a traceback, never die
-            log("warning", "tool=%s internal error (%s)" % (plain_name(save.name), type(err).__name__))
+            log("warning", "tool=%s internal error (%s)" % (plain_name(save.name),
+                                                            type(err).__name__))
             result = error_result(ToolError("internal_error", say("internal error")))
         if ctx.large:
             release_memory()
@@ -5635,8 +5768,8 @@ class Saves:
         happened)."""
         try:
             record_saved(self.server.settings.base, "ended:" + save.id, dict(save.upload, **{
-                "outcome": outcome, "session": save.key or "", "at": time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                                                    time.gmtime())}))
+                "outcome": outcome, "session": save.key or "",
+                "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}))
         except RecordsError as err:
             if ahead:
                 raise records_error(err) from None
@@ -5648,7 +5781,8 @@ class Saves:
         except Exception as err:  # noqa: BLE001 - unforeseen: no upload without its record, and none after is lost
             if ahead:
                 raise ToolError("records_unwritable", say("Could not record this save before its "
-                                                          "upload (%s). Nothing was sent.", plain_name(type(err).__name__))) from None
+                                                          "upload (%s). Nothing was sent.",
+                                                          plain_name(type(err).__name__))) from None
             log("warning", "could not record what became of a save")
 
     def result_of(self, save):
@@ -5696,7 +5830,8 @@ class Saves:
     def _expire(self):
         """Drops finished saves older than their time to live, and the oldest past SAVES_KEPT."""
         now = time.monotonic()
-        done = sorted((s for s in self.by_id.values() if s.finished_at is not None), key=lambda s: s.finished_at)
+        done = sorted((s for s in self.by_id.values() if s.finished_at is not None),
+                      key=lambda s: s.finished_at)
         for index, save in enumerate(done):
             if now - save.finished_at > save.ttl_s or index < len(done) - SAVES_KEPT:
                 del self.by_id[save.id]
@@ -5792,14 +5927,16 @@ def as_task(name):
 
 # --- the handlers: each tool's function, the saves answered in time ------------------------------
 
-SAVE_HANDLERS = {"publish_session": tool_publish_session, "publish_local_session": tool_publish_local_session}
+SAVE_HANDLERS = {"publish_session": tool_publish_session,
+                 "publish_local_session": tool_publish_local_session}
 HANDLERS = {
     "search_sessions": tool_search_sessions,
     "get_session_summary": tool_get_session_summary,
     "acquire_session": tool_acquire_session,
     "fetch_session_context": tool_fetch_session_context,
     "publish_session": answered_in_time("publish_session", SAVE_HANDLERS["publish_session"]),
-    "publish_local_session": answered_in_time("publish_local_session", SAVE_HANDLERS["publish_local_session"]),
+    "publish_local_session": answered_in_time("publish_local_session",
+                                              SAVE_HANDLERS["publish_local_session"]),
     "list_local_sessions": tool_list_local_sessions,
 }
 
@@ -5810,11 +5947,14 @@ HANDLERS = {
 
 MARKETPLACE_URI = "a4sx://marketplace/"
 RESOURCE_PAGE = 50
-LIBRARY_TTL_MS = 30 * 1000  # how long a client may keep a list or read derived from the user's library
-LIBRARY_CACHE_S = 15.0  # completions ask on every keystroke: one library listing serves them briefly
+# how long a client may keep a list or read derived from the user's library
+LIBRARY_TTL_MS = 30 * 1000
+# completions ask on every keystroke: one library listing serves them briefly
+LIBRARY_CACHE_S = 15.0
 
 RESOURCE_TEMPLATES = [
-    {"uriTemplate": LIBRARY_URI + "{id}", "name": "library-session", "title": "a4sx library session",
+    {"uriTemplate": LIBRARY_URI + "{id}", "name": "library-session",
+     "title": "a4sx library session",
      "description": "One of your saved sessions, framed as untrusted reference material (8,000 "
                     "tokens).",
      "mimeType": "text/markdown"},
@@ -5896,7 +6036,8 @@ class FeatureError(Exception):
 def _feature_error(err):
     """A ToolError seen from resources/read or prompts/get: its code and details travel as data."""
     if err.code in ("not_found", "invalid_arguments", "no_transcript"):
-        return FeatureError("not_found" if err.code != "invalid_arguments" else "invalid", err.message)
+        return FeatureError("not_found" if err.code != "invalid_arguments" else "invalid",
+                            err.message)
     return FeatureError("failed", err.message, dict({"error": err.code}, **error_details(err)))
 
 
@@ -5951,7 +6092,8 @@ def list_resources(ctx, cursor, version):
         rows = ctx.server.library_cache.rows_for(ctx, fresh=cursor is None)
     except ToolError as err:
         raise _feature_error(err)
-    return resource_page(rows, offset, RESOURCE_PAGE, has(version, "titles"), has(version, "annotations on resources"))
+    return resource_page(rows, offset, RESOURCE_PAGE, has(version, "titles"),
+                         has(version, "annotations on resources"))
 
 
 def read_resource(ctx, uri):
@@ -5959,8 +6101,10 @@ def read_resource(ctx, uri):
     get_session_summary returns as text, notice and envelope included."""
     target = uri_target(uri)
     if target is None:
-        raise FeatureError("not_found", say("a4sx serves %s<id> and %s<id>", local_line(LIBRARY_URI),
-                                            local_line(MARKETPLACE_URI)), {"uri": echoed_name(uri, 300)})
+        raise FeatureError("not_found",
+                           say("a4sx serves %s<id> and %s<id>", local_line(LIBRARY_URI),
+                               local_line(MARKETPLACE_URI)),
+                           {"uri": echoed_name(uri, 300)})
     kind, item_id = target
     if kind == "library":
         tool, args, mime = "fetch_session_context", {"id": item_id}, "text/markdown"
@@ -5983,10 +6127,14 @@ def _prompt_args(name, arguments):
     known = {arg["name"] for arg in prompt["arguments"]}
     for arg in prompt["arguments"]:
         if arg["required"] and not arguments.get(arg["name"], "").strip():
-            raise FeatureError("invalid", say("%s needs the argument %s", plain_name(name), plain_name(arg["name"])))
+            raise FeatureError("invalid",
+                               say("%s needs the argument %s", plain_name(name),
+                                   plain_name(arg["name"])))
     unknown = sorted(set(arguments) - known)
     if unknown:
-        raise FeatureError("invalid", say("%s has no argument %s", plain_name(name), echoed_name(unknown[0], 64)))
+        raise FeatureError("invalid",
+                           say("%s has no argument %s", plain_name(name),
+                               echoed_name(unknown[0], 64)))
     return {k: v.strip() for k, v in arguments.items() if v.strip()}
 
 
@@ -6006,21 +6154,25 @@ def get_prompt(ctx, name, arguments):
     if name == "load_session":
         budget = args.get("max_tokens", "8000")
         if not re.match(r"\d{1,6}\Z", budget):
-            raise FeatureError("invalid", say("max_tokens must be a whole number from 500 to 100000"))
+            raise FeatureError("invalid",
+                               say("max_tokens must be a whole number from 500 to 100000"))
         wanted = _checked("fetch_session_context", {"id": args["id"], "max_tokens": int(budget)})
         try:
             ctx.token()
             rows = ctx.server.library_cache.rows_for(ctx)
             row = resolve_parent(rows, wanted["id"])
-            wanted["id"] = row["id"] if row and id_like(row.get("id")) else wanted["id"]  # a name, never prose
-            result = tool_fetch_session_context(ctx, with_defaults(TOOLS_BY_NAME["fetch_session_context"]
+            # a name, never prose
+            wanted["id"] = row["id"] if row and id_like(row.get("id")) else wanted["id"]
+            result = tool_fetch_session_context(ctx,
+                                                with_defaults(TOOLS_BY_NAME["fetch_session_context"]
                                                                     ["inputSchema"], wanted))
         except ToolError as err:
             raise _feature_error(err)
         return {"description": "An a4sx library session as reference context", "messages": [
             {"role": "user", "content": {"type": "text", "text": LOAD_SESSION_LEAD}},
             {"role": "user", "content": {"type": "resource", "resource": {
-                "uri": library_uri(wanted["id"]), "mimeType": "text/markdown", "text": result.text}}}]}
+                "uri": library_uri(wanted["id"]), "mimeType": "text/markdown",
+                "text": result.text}}}]}
     if name == "find_sessions":
         wanted = {"query": args["query"], "scope": args.get("scope", "public")}
         wanted.update({k: args[k] for k in ("sort",) if k in args})
@@ -6055,7 +6207,8 @@ def _enum_of(tool, prop):
 def complete(ctx, ref, argument):
     """Completion values for a prompt argument or a template variable, by prefix (at most 100)."""
     if not isinstance(ref, dict) or not isinstance(argument, dict) or not isinstance(argument.get("name"), str):
-        raise FeatureError("invalid", say("completion/complete needs ref and argument {name, value}"))
+        raise FeatureError("invalid",
+                           say("completion/complete needs ref and argument {name, value}"))
     name, value = argument["name"], argument.get("value", "")
     if not isinstance(value, str):
         raise FeatureError("invalid", say("argument.value must be a string"))
@@ -6134,17 +6287,20 @@ META_VERSION = "io.modelcontextprotocol/protocolVersion"
 META_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
 META_SERVER_INFO = "io.modelcontextprotocol/serverInfo"
 TOOLS_TTL_MS = 3600 * 1000
-REMOVED_IN_MODERN = ("initialize", "ping", "logging/setLevel", "resources/subscribe", "resources/unsubscribe")
+REMOVED_IN_MODERN = ("initialize", "ping", "logging/setLevel", "resources/subscribe",
+                     "resources/unsubscribe")
 FEATURE_METHODS = ("resources/list", "resources/read", "resources/templates/list", "prompts/list",
                    "prompts/get", "completion/complete")
 TASK_METHODS = ("tasks/get", "tasks/result", "tasks/list", "tasks/cancel", "tasks/update")
-LEGACY_TASK_METHODS = ("tasks/get", "tasks/result", "tasks/list", "tasks/cancel")  # 2025-11-25's experimental tasks
+# 2025-11-25's experimental tasks
+LEGACY_TASK_METHODS = ("tasks/get", "tasks/result", "tasks/list", "tasks/cancel")
 MODERN_TASK_METHODS = ("tasks/get", "tasks/update", "tasks/cancel")  # the 2026-07-28 extension's
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 RELATED_TASK = "io.modelcontextprotocol/related-task"
 TASK_POLL_MS = 2000  # a save's stage changes every few seconds at most
 KNOWN_METHODS = ("initialize", "ping", "server/discover", "tools/list", "tools/call") + FEATURE_METHODS + TASK_METHODS
-TOOL_FAILURE = 1000  # JSON-RPC code (outside the reserved range) of a resource or prompt whose tool failed
+# JSON-RPC code (outside the reserved range) of a resource or prompt whose tool failed
+TOOL_FAILURE = 1000
 WEBSITE_URL = "https://session-exchange.com"
 SERVER_DESCRIPTION = ("Find, load and privately save coding-agent sessions from the a4sx library "
                       "and marketplace.")
@@ -6224,7 +6380,8 @@ class Pool:
     def _grow(self):
         limit = self.size + min(self.spare, self.waiting())
         if len(self.threads) < min(limit, self.pending):
-            thread = threading.Thread(target=self._run, name="a4sx-tool-%d" % len(self.threads), daemon=True)
+            thread = threading.Thread(target=self._run, name="a4sx-tool-%d" % len(self.threads),
+                                      daemon=True)
             self.threads.append(thread)
             try:
                 thread.start()
@@ -6320,7 +6477,8 @@ class Server:
             for message in batch:
                 if isinstance(message, dict) and message.get("method") == "initialize":
                     collector.expect()
-                    collector.add(rpc_error(message.get("id") if _valid_id(message.get("id")) else None, -32600,
+                    collector.add(rpc_error(message.get("id") if _valid_id(message.get("id"))
+                                            else None, -32600,
                                             say("Invalid Request: initialize must not be part of a "
                                                 "batch")))
                 else:
@@ -6337,7 +6495,8 @@ class Server:
             return
         if "method" not in message:
             if "id" in message and ("result" in message or "error" in message):
-                return  # a client's response: this server sends no requests, so there is nothing to match
+                # a client's response: this server sends no requests, so there is nothing to match
+                return
             expect()
             reply(rpc_error(message.get("id") if _valid_id(message.get("id")) else None, -32600,
                             say("Invalid Request: no method")))
@@ -6348,7 +6507,8 @@ class Server:
         expect()
         msg_id = message["id"]
         if not _valid_id(msg_id):
-            reply(rpc_error(None, -32600, say("Invalid Request: id must be a string or an integer")))
+            reply(rpc_error(None, -32600,
+                            say("Invalid Request: id must be a string or an integer")))
             return
         method, params = message.get("method"), message.get("params", {})
         if message.get("jsonrpc") != "2.0" or not isinstance(method, str) or not isinstance(params, dict):
@@ -6409,16 +6569,21 @@ class Server:
             raise RpcError(-32602, say("Missing required _meta: %s, %s (or send initialize first)",
                                        plain_name(META_VERSION), plain_name(META_CAPABILITIES)))
         if method == "server/discover":
-            raise RpcError(-32602, say("server/discover needs the 2026-07-28 _meta (%s)", plain_name(META_VERSION)))
+            raise RpcError(-32602,
+                           say("server/discover needs the 2026-07-28 _meta (%s)",
+                               plain_name(META_VERSION)))
         self.dispatch(msg_id, method, params, self.legacy_version, reply)
 
     def handle_modern(self, msg_id, method, params, meta, reply):
         requested = meta.get(META_VERSION)
         if not isinstance(requested, str):
-            raise RpcError(-32602, say("Invalid params: _meta %s must be a string", plain_name(META_VERSION)))
+            raise RpcError(-32602,
+                           say("Invalid params: _meta %s must be a string",
+                               plain_name(META_VERSION)))
         if requested not in MODERN_VERSIONS:
             raise RpcError(-32022, say("Unsupported protocol version"),
-                           {"supported": [plain_name(v) for v in MODERN_VERSIONS], "requested": echoed_name(requested)})
+                           {"supported": [plain_name(v) for v in MODERN_VERSIONS],
+                            "requested": echoed_name(requested)})
         if not isinstance(meta.get(META_CAPABILITIES), dict):
             raise RpcError(-32602, say("Missing required _meta: %s", plain_name(META_CAPABILITIES)))
         if method in REMOVED_IN_MODERN or method not in KNOWN_METHODS:
@@ -6471,13 +6636,15 @@ class Server:
         modern = version in MODERN_VERSIONS
         if method in ("prompts/list", "resources/templates/list"):
             if params.get("cursor") is not None:
-                raise RpcError(-32602, say("Invalid params: unknown cursor (the list has one page)"))
+                raise RpcError(-32602,
+                               say("Invalid params: unknown cursor (the list has one page)"))
             if method == "prompts/list":
                 result = {"prompts": [self._shown(p, version, arguments=[self._shown(a, version)
                                                                          for a in p["arguments"]])
                                       for p in PROMPTS]}
             else:
-                result = {"resourceTemplates": [self._shown(t, version) for t in RESOURCE_TEMPLATES]}
+                result = {"resourceTemplates": [self._shown(t, version)
+                                                for t in RESOURCE_TEMPLATES]}
             if modern:
                 result.update(ttlMs=TOOLS_TTL_MS, cacheScope="public")
             return reply({"jsonrpc": "2.0", "id": msg_id, "result": result})
@@ -6532,7 +6699,8 @@ class Server:
             try:
                 try:
                     result = work(ToolContext(self, state.cancel, progress, meta))
-                    response = None if result is None else {"jsonrpc": "2.0", "id": msg_id, "result": result}
+                    response = None if result is None else {"jsonrpc": "2.0", "id": msg_id,
+                                                            "result": result}
                 except FeatureError as err:
                     response = answer(err)
             except Cancelled:
@@ -6603,7 +6771,8 @@ class Server:
         if not isinstance(params["task"], dict):
             raise RpcError(-32602, say("Invalid params: task must be an object"))
         if name not in SAVE_HANDLERS:
-            raise RpcError(-32601, say("Method not found: %s does not run as a task", plain_name(name)))
+            raise RpcError(-32601,
+                           say("Method not found: %s does not run as a task", plain_name(name)))
         return "legacy"
 
     def start_task(self, msg_id, name, params, version, reply, kind):
@@ -6655,8 +6824,10 @@ class Server:
         the extension declared on the request (-32021). A task of the other revision is not
         found."""
         modern = version in MODERN_VERSIONS
-        if method not in (MODERN_TASK_METHODS if modern else LEGACY_TASK_METHODS if has_legacy_tasks(version) else ()):
-            raise RpcError(-32601, say("Method not found: %s", plain_name(method)))  # one of TASK_METHODS
+        if method not in (MODERN_TASK_METHODS if modern else LEGACY_TASK_METHODS
+                          if has_legacy_tasks(version) else ()):
+            # one of TASK_METHODS
+            raise RpcError(-32601, say("Method not found: %s", plain_name(method)))
         if modern and not declares_tasks(params.get("_meta")):
             raise RpcError(-32021, say("Missing required client capability"),
                            {"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}})
@@ -6670,7 +6841,8 @@ class Server:
         if save is None or save.task is None or (save.task[0] == "modern") != modern:
             raise RpcError(-32602, say("Failed to retrieve task: Task not found"))
         if method == "tasks/get":
-            return reply({"jsonrpc": "2.0", "id": msg_id, "result": self.task_state(save, with_result=True)})
+            return reply({"jsonrpc": "2.0", "id": msg_id,
+                          "result": self.task_state(save, with_result=True)})
         if method == "tasks/update":
             if params.get("inputResponses"):
                 raise RpcError(-32602, say("Invalid params: the task has no outstanding input "
@@ -6679,11 +6851,14 @@ class Server:
         if method == "tasks/cancel":
             status = self.task_state(save)["status"]
             if status != "working" and not modern:
-                raise RpcError(-32602, say("Cannot cancel task: already in terminal status %s", plain_name(status)))
+                raise RpcError(-32602,
+                               say("Cannot cancel task: already in terminal status %s",
+                                   plain_name(status)))
             if status == "working":
                 save.task_cancelled = True
                 save.current().cancel.set()
-            return reply({"jsonrpc": "2.0", "id": msg_id, "result": {} if modern else self.task_state(save)})
+            return reply({"jsonrpc": "2.0", "id": msg_id,
+                          "result": {} if modern else self.task_state(save)})
 
         def work(ctx):  # tasks/result: waits for the end (2025-11-25), cancellable like a call
             current = self.saves.wait(save, None, ctx.cancel)
@@ -6691,7 +6866,8 @@ class Server:
                 return None
             result = self.saves.result_of(save)
             if result is None or save.task_cancelled:
-                result = error_result(ToolError("may_be_stored", MAY_BE_STORED) if current.sent else ToolError(
+                result = error_result(ToolError("may_be_stored", MAY_BE_STORED) if current.sent
+                                      else ToolError(
                     "save_stopped", say("The task was cancelled before anything was sent.")))
             payload = self.tool_payload(result, version)
             payload["_meta"] = {RELATED_TASK: {"taskId": save.id}}
@@ -6730,7 +6906,8 @@ class Server:
         if ctx.large:
             release_memory()
         if result is None or ctx.cancel.is_set():
-            log("info", "tool=%s outcome=cancelled ms=%d" % (plain_name(name), (time.monotonic() - started) * 1000))
+            log("info", "tool=%s outcome=cancelled ms=%d" % (plain_name(name),
+                                                             (time.monotonic() - started) * 1000))
             return None
         log("info", "tool=%s outcome=%s ms=%d" % (plain_name(name), plain_name(result.outcome),
                                                   (time.monotonic() - started) * 1000))
@@ -7033,7 +7210,8 @@ def main(argv=None):
     if options["help"]:
         sys.stdout.write(help_text())
         return 0
-    if options["version"] or options["check"]:  # they print paths, which may hold characters stdout's
+    # they print paths, which may hold characters stdout's
+    if options["version"] or options["check"]:
         try:  # encoding lacks (on Windows a pipe's is the console code page): escaped, never a traceback
             sys.stdout.reconfigure(errors="backslashreplace")
         except (AttributeError, ValueError, OSError):
@@ -7054,7 +7232,8 @@ def main(argv=None):
     if settings.project_refused:  # started anyway: publish_local_session says the same
         sys.stderr.write("a4sx-mcp: %s\n" % settings.project_refused)
     sys.stderr.flush()
-    if sys.stdin and sys.stdin.isatty():  # started by hand: say why it waits, on stderr (never stdout)
+    # started by hand: say why it waits, on stderr (never stdout)
+    if sys.stdin and sys.stdin.isatty():
         sys.stderr.write("a4sx-mcp speaks MCP on stdin/stdout; start it from an MCP client (see "
                          "README) or run --check\n")
         sys.stderr.flush()
@@ -7072,8 +7251,10 @@ def main(argv=None):
 # What each handshake revision added that this server uses; ``has`` is the one place revisions are
 # compared (2026-07-28 has everything; its own differences are ``MODERN_VERSIONS`` checks).
 SINCE = {
-    "tool annotations": "2025-03-26", "the completions capability": "2025-03-26", "progress messages": "2025-03-26",
-    "titles": "2025-06-18", "structured tool results": "2025-06-18", "annotations on resources": "2025-06-18",
+    "tool annotations": "2025-03-26", "the completions capability": "2025-03-26",
+    "progress messages": "2025-03-26",
+    "titles": "2025-06-18", "structured tool results": "2025-06-18",
+    "annotations on resources": "2025-06-18",
     "server descriptions and icons": "2025-11-25", "experimental tasks": "2025-11-25",
 }
 
@@ -7125,7 +7306,8 @@ def tools_for(version):
     title before 2025-06-18."""
     out = []
     for tool in TOOLS:
-        shown = {"name": tool["name"], "description": tool["description"], "inputSchema": tool["inputSchema"]}
+        shown = {"name": tool["name"], "description": tool["description"],
+                 "inputSchema": tool["inputSchema"]}
         if has(version, "tool annotations"):
             shown["annotations"] = tool["annotations"]
         if has(version, "titles"):  # and output schemas, from the same revision
