@@ -5004,11 +5004,12 @@ def local_row(entry, found, saves, current=False):
            "last_activity": modified, "bytes": entry.size, "subagent_files": len(entry.parts),
            "first_prompt": head["prompt"], "this_conversation": current}
     carried = head["session_id"]
-    if session.harness == "claude-code" and carried and carried != session.id and LOCAL_ID.match(carried):
+    if (session.harness == "claude-code" and carried and carried != session.id
+            and LOCAL_ID.match(carried)):
         row["continues"] = carried  # a continued file: its records carry the earlier session's id
     saved = (saves or {}).get("%s:%s" % (session.harness, session.id))
-    row["saved"] = None if saved is None else dict(saved, changed_since_save=None if saved["saved_at"] is None
-                                                   else modified > saved["saved_at"])
+    row["saved"] = None if saved is None else dict(
+        saved, changed_since_save=None if saved["saved_at"] is None else modified > saved["saved_at"])
     if found is not None:
         row["matches"], row["snippets"] = found
     return row
@@ -5022,6 +5023,10 @@ def local_row(entry, found, saves, current=False):
 # --- the two saves: what each refuses first, then what it reads ----------------------------------
 
 def tool_publish_session(ctx, args):
+    """Saves a transcript the caller passes: checks its size and digest, then the pipeline.
+
+    Nothing is read before ``saves_refused`` and the rate limit; bytes over ``max_publish_bytes``
+    or a ``content_sha256`` that does not match are refused before anything is sent."""
     saves_refused(ctx.settings)
     ctx.token()
     data = args["transcript"].encode("utf-8", "surrogatepass")
@@ -5043,9 +5048,11 @@ def tool_publish_session(ctx, args):
 
 
 def tool_publish_local_session(ctx, args):
-    """publish_session's pipeline on a session file of this machine (section 5): the current one
-    or one named by id; saved again, it becomes a new version of the entry it was saved to. With
-    ``preview``, all but the upload: what would leave, and where (kept briefly: ``Previews``)."""
+    """Saves a session file of this machine: the current one, or one named by id.
+
+    It runs publish_session's pipeline on the file (section 5 finds and reads it); saved again, it
+    becomes a new version of the entry it was saved to. With ``preview``, all but the upload:
+    what would leave, and where (kept briefly: ``Previews``)."""
     saves_refused(ctx.settings)
     ctx.token()
     take_publish_slot(ctx)  # before anything is looked for or read
@@ -5055,7 +5062,8 @@ def tool_publish_local_session(ctx, args):
         return framed_error("no_local_session", say("%s Nothing was sent.", err.message),
                            {"sessions": [s.describe() for s in err.sessions]}, False,
                            "no_local_session")
-    key, options, preview = "%s:%s" % (session.harness, session.id), save_options(args), args.get("preview")
+    key = "%s:%s" % (session.harness, session.id)
+    options, preview = save_options(args), args.get("preview")
     kept = None if preview else ctx.server.previews.find(key, options)
     transcript = read_session(session, ctx.settings.max_local_bytes,
                               kept[2]["bytes"] if kept else 0)
@@ -5083,8 +5091,8 @@ def tool_publish_local_session(ctx, args):
         return saved_after_preview(ctx, session, how, kept, transcript)
     omit = args.get("images") == "placeholder"  # the user's choice, never made here
     found = {"read": 0, "lines": transcript.lines, "call": not session.call, "carried": None,
-             "parts": None,
-             "images": {"choice": "placeholder", "replaced": 0, "bytes_removed": 0} if omit else {"choice": "keep"}}
+             "parts": None, "images": {"choice": "placeholder", "replaced": 0, "bytes_removed": 0}
+             if omit else {"choice": "keep"}}
     transcript.pieces = as_saved(transcript, session, omit, found)
 
     def other_files():
@@ -5116,8 +5124,9 @@ def tool_publish_local_session(ctx, args):
 
 
 def saves_refused(settings):
-    """A project that must never be saved (``A4SX_MCP_NEVER_SAVE``): every save refuses first,
-    nothing read."""
+    """Refuses every save of a project that must never be saved (``A4SX_MCP_NEVER_SAVE``).
+
+    It runs first, so nothing is read."""
     if settings.never_save:
         raise ToolError("saving_disabled", say("Saving is turned off for this project: "
                                                "A4SX_MCP_NEVER_SAVE is set in this server's "
@@ -5126,8 +5135,9 @@ def saves_refused(settings):
 
 
 def take_publish_slot(ctx):
-    """The publish rate limit, taken before the transcript is read or checked: a refused call costs
-    nothing."""
+    """Takes a slot of the publish rate limit, or refuses the call.
+
+    Taken before the transcript is read or checked, so a refused call costs nothing."""
     wait = ctx.server.publish_limit.take()
     if wait:
         raise ToolError("rate_limited", say("Too many publish calls; try again in %d s.", wait),
@@ -5135,34 +5145,40 @@ def take_publish_slot(ctx):
 
 
 def save_options(args):
-    """What else makes two saves of the same bytes one save (``Saves.claim``, ``Previews``): their
-    options, canonically."""
+    """Returns a save's options, canonically: what else makes two saves of the same bytes one.
+
+    ``Saves.claim`` and ``Previews`` compare them."""
     wanted = {name: args.get(name) for name in ("title", "label", "parent", "idempotency_key")}
     wanted["images"] = "placeholder" if args.get("images") == "placeholder" else "keep"
     return json.dumps(wanted, sort_keys=True)
 
 
 def framed_since(ctx, session, kept):
-    """True when a part of the session (a subagent's file, the earlier session it continues) holds
-    framing that the kept preview did not see: the save is then decided afresh."""
+    """Tells whether a part of the session now holds framing that the kept preview did not see.
+
+    A part is a subagent's file or the earlier session it continues; when one has, the save is
+    decided afresh."""
     prep, found = kept[0], kept[1]
     return not prep.framed and session_parts(session, found["carried"],
                                              ctx.settings.max_local_bytes, None)["framed"]
 
 
 def earlier_entries(ctx, parts):
-    """The entries the earlier session a continued file carries on was saved to (none without the
-    SDK)."""
+    """Lists the entries that the earlier session a continued file carries on was saved to.
+
+    None without the SDK."""
     try:
-        earlier = [saved_entry(ctx.settings.base, "claude-code:" + parts["earlier"])] if parts["earlier"] else []
+        earlier = ([saved_entry(ctx.settings.base, "claude-code:" + parts["earlier"])]
+                   if parts["earlier"] else [])
     except SdkMissing:
         earlier = []
     return [entry for entry in earlier if entry]
 
 
 def local_description(session, how, found):
-    """``local_session`` of a result: the session file read, its images, subagents and earlier
-    part."""
+    """Describes the session file a save read: ``local_session`` of its result.
+
+    The file, its images, subagents and earlier part; no path."""
     parts = found["parts"]
     local = dict(session.describe(), bytes_read=found["read"], lines=found["lines"], found_by=how,
                  images=found["images"], subagents={"files": parts["subagents"], "uploaded": False,
@@ -5176,9 +5192,11 @@ def local_description(session, how, found):
 # --- check and scrub: everything decided before the upload, in one pass --------------------------
 
 class Prepared:
-    """A transcript checked and scrubbed, with everything decided before its upload: what
-    ``publish_checked`` sends (``send_prepared``), and what a preview describes without sending. The
-    upload is a ``ScrubbedUpload`` file (``size`` bytes, ``content_sha``), removed by ``close``."""
+    """A transcript checked and scrubbed, with everything decided before its upload.
+
+    What ``publish_checked`` sends (``send_prepared``), and what a preview describes without
+    sending. The upload is a ``ScrubbedUpload`` file (``size`` bytes, ``content_sha``), removed by
+    ``close``."""
 
     def __init__(self, **fields):
         self.__dict__.update(fields)
@@ -5189,10 +5207,11 @@ class Prepared:
 
 
 def publish_checked(ctx, held, args, into=None, local=None, also=(False, ())):
-    """Steps 4 to 12 of the spec's publish pipeline on a transcript (``held``: a list holding its
-    ``Transcript``, emptied; the caller took the rate limit first): ``prepare_publish`` (the check,
-    the scrub, lineage), then ``send_prepared`` (the private upload, taint, the records), the file
-    removed however it ends. The result's fields."""
+    """Prepares a transcript and sends it: the whole pipeline for publish_session.
+
+    ``held`` is a list holding its ``Transcript``, emptied; the caller took the rate limit first.
+    ``prepare_publish`` checks and scrubs it, ``send_prepared`` uploads it privately, applies the
+    taint rule and writes the records; the file is removed however it ends. The result's fields."""
     prep = prepare_publish(ctx, held, args, into, local, also)
     try:
         return send_prepared(ctx, prep)
@@ -5201,17 +5220,19 @@ def publish_checked(ctx, held, args, into=None, local=None, also=(False, ())):
 
 
 def prepare_publish(ctx, held, args, into=None, local=None, also=(False, ())):
-    """The check, the scrub and everything the upload needs, nothing sent but the library listing
-    (``into``: a new version of that entry, if still listed), in one pass over the transcript
-    (``held``: a list holding its ``Transcript``): each piece is checked and searched (the framing,
-    the SDK's session id) before it is scrubbed, and nothing is uploaded unless all of it passed.
-    ``local``: the local session's ``saved-sessions.json`` key, recorded when the answer matches
-    what was sent. ``also``: what the taint rule sees of the session's other files
-    (``session_parts``), or a function that gives it once the transcript was read: framed, and
-    entries its earlier part was saved to. A ``Prepared``; on a failure or a cancel its file is
-    already removed."""
+    """Checks and scrubs a transcript, and decides everything its upload needs, sending nothing.
+
+    One pass over the transcript (``held``: a list holding its ``Transcript``): each piece is
+    checked and searched (the framing, the SDK's session id) before it is scrubbed, and nothing is
+    uploaded unless all of it passed. Only the library listing is fetched (``into``: a new version
+    of that entry, if still listed). ``local``: the local session's ``saved-sessions.json`` key,
+    recorded when the answer matches what was sent. ``also``: what the taint rule sees of the
+    session's other files (``session_parts``), or a function that gives it once the transcript was
+    read: framed, and entries its earlier part was saved to. A ``Prepared``; on a failure or a
+    cancel its file is already removed."""
     transcript = held.pop()
-    check, framing, lineage_of = TranscriptCheck(transcript.size), FramingSearch(transcript.size), []
+    check, framing = TranscriptCheck(transcript.size), FramingSearch(transcript.size)
+    lineage_of = []
     room = line_room(transcript.size)
 
     def passed(problem):
@@ -5243,7 +5264,8 @@ def prepare_publish(ctx, held, args, into=None, local=None, also=(False, ())):
             raise sdk_missing() from None
         title, label = (texts.get(k, (None, {}))[0] for k in ("title", "label"))
         text_redactions = sum(sum(texts.get(k, (None, {}))[1].values()) for k in ("title", "label"))
-        rows = ctx.library() if args.get("parent") or label or lineage.get("parent_cid") or into or earlier else []
+        wanted = args.get("parent") or label or lineage.get("parent_cid") or into or earlier
+        rows = ctx.library() if wanted else []
         if into and not any(row.get("id") == into for row in rows):
             into = None  # the entry it was saved to is gone: a new one
         parent, parent_row = publish_parent(args.get("parent"), None if into else lineage, rows)
@@ -5260,8 +5282,10 @@ def prepare_publish(ctx, held, args, into=None, local=None, also=(False, ())):
 
 
 def publish_parent(given, lineage, rows):
-    """``(parent sent, its library row or None)``: the caller's (resolved like the CLI; an
-    ``id@version`` names that version's entry), else the lineage record's when it is id-shaped."""
+    """Picks the parent a save names: ``(parent sent, its library row or None)``.
+
+    The caller's (resolved like the CLI; an ``id@version`` names that version's entry), else the
+    lineage record's when it is id-shaped."""
     if given:
         row = resolve_parent(rows, given)
         if row is None and "@" in given:  # cid@version: the version's entry
@@ -5278,9 +5302,10 @@ def publish_parent(given, lineage, rows):
 
 
 def resolve_parent(rows, name):
-    """Like the CLI: exact id, then label (or a ``label:<name>`` tag), then a unique substring of
-    title or id; None when nothing (or more than one row) matches. A row without a string id is
-    never a parent."""
+    """Finds the library row a parent name means, as the CLI does, or None.
+
+    Exact id, then label (or a ``label:<name>`` tag), then a unique substring of title or id; None
+    when nothing (or more than one row) matches. A row without a string id is never a parent."""
     rows = [row for row in rows if isinstance(row.get("id"), str)]
     for row in rows:
         if row.get("id") == name:
@@ -5296,10 +5321,11 @@ def resolve_parent(rows, name):
 # --- a preview: all but the upload, kept for the save that follows it ----------------------------
 
 def previewed(ctx, prep, local):
-    """A preview's fields: what would leave (the session, its images and subagents, the scrub's
-    counts, never a value) and where (a new entry, or a new version of which), and whether it would
-    be saved ``untrusted`` and why: the taint rule on what is known before the upload
-    (``taint_reasons``)."""
+    """Builds a preview's fields: what would leave, where, and whether it would be untrusted.
+
+    What leaves: the session, its images and subagents, the scrub's counts, never a value; where:
+    a new entry, or a new version of which; ``untrusted`` and why: the taint rule on what is known
+    before the upload (``taint_reasons``)."""
     label = prep.params.get("label")
     named = next((row for row in prep.rows if label and row.get("label") == label), None)
     entry = prep.into or (_str(named.get("id")) if named else None)
@@ -5317,9 +5343,10 @@ def previewed(ctx, prep, local):
 
 
 def saved_after_preview(ctx, session, how, kept, transcript):
-    """The save right after a preview with the same arguments, while the file still begins with the
-    bytes it read: what that preview showed and scrubbed is uploaded (a live session grows meanwhile
-    by the preview's own turn: the turns since go in the next save)."""
+    """Uploads what a preview scrubbed: the save right after it, with the same arguments.
+
+    Only while the file still begins with the bytes the preview read (a live session grows
+    meanwhile by the preview's own turn: the turns since go in the next save)."""
     prep, found, shown = kept[:3]
     try:
         local = dict(local_description(session, how, found), bytes_read=transcript.complete,
@@ -5339,10 +5366,11 @@ PREVIEWS_KEPT = 2
 
 
 class Previews:
-    """Previews kept briefly (PREVIEW_KEEP_S, at most PREVIEWS_KEPT), so that saving right after
-    with the same arguments uploads what the preview showed and scrubbed, while the session file
-    still begins with the bytes it read (a live session grows meanwhile: the preview's own turn is
-    written to it); a ``Prepared`` dropped is closed."""
+    """Keeps previews briefly, so that the save right after one uploads what it showed.
+
+    At most PREVIEWS_KEPT, for PREVIEW_KEEP_S; used only while the session file still begins with
+    the bytes the preview read (a live session grows meanwhile: the preview's own turn is written
+    to it). A ``Prepared`` dropped is closed."""
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -5439,8 +5467,9 @@ def send_prepared(ctx, prep):
 
 
 def ensure_library(ctx, again=False):
-    """``POST /library/ensure`` once per account and process; ``again`` when a push found the
-    library gone."""
+    """Provisions the caller's private library (``POST /library/ensure``) once per account.
+
+    Once per process, again (``again``) when a push found the library gone."""
     account = ctx.account()
     if again or account not in ctx.api.ensured:
         ctx.request("ensure", ok=(200, 201, 204), data=b"")
@@ -5448,29 +5477,33 @@ def ensure_library(ctx, again=False):
 
 
 def unsettled_key(ctx, content_sha):
-    """The caller key of an upload of these bytes for this session that may be stored (a stop after
-    it left: ``Saves.sending``'s record): sent again, the same Idempotency-Key gets the stored
-    answer back rather than storing it twice. None when there is none."""
+    """Finds the caller key of an upload of these bytes that may already be stored.
+
+    A stop after the upload left records it (``Saves.sending``); sent again, the same
+    Idempotency-Key gets the stored answer back rather than storing it twice. None when there is
+    none."""
     session = ctx.save.key if ctx.save is not None else None
     try:
-        entries = (_record_file(SAVED_SESSIONS_FILE) or {}).get(sdk_module("config").normalize_base_url(
-            ctx.settings.base))
+        entries = (_record_file(SAVED_SESSIONS_FILE) or {}).get(
+            sdk_module("config").normalize_base_url(ctx.settings.base))
     except SdkMissing:
         return None
     for name, value in sorted((entries if isinstance(entries, dict) and session else {}).items()):
-        if (name.startswith("ended:") and isinstance(value, dict)
-            and value.get("session") == session
-                and value.get("outcome") in ("may_be_stored", "cut") and value.get("sha") == content_sha
+        if (name.startswith("ended:") and isinstance(value, dict) and value.get("session") == session
+                and value.get("outcome") in ("may_be_stored", "cut")
+                and value.get("sha") == content_sha
                 and isinstance(value.get("key"), str) and _IDEMPOTENCY_KEY.match(value["key"])):
             return value["key"]
     return None
 
 
 def upload_key(caller_key, content_sha, params):
-    """The ``Idempotency-Key`` sent: the caller's key (or this call's uuid) bound to what is
-    uploaded, the scrubbed bytes' SHA-256 and the query. A retry of the same call sends the same key
-    and gets the first answer back; another transcript or other arguments under the same caller's
-    key never get another upload's answer. ``a4sx-mcp-`` and 64 hex digits: the schema's shape."""
+    """Makes the ``Idempotency-Key`` sent: the caller's key bound to what is uploaded.
+
+    The caller's key (or this call's uuid), the scrubbed bytes' SHA-256 and the query. A retry of
+    the same call sends the same key and gets the first answer back; another transcript or other
+    arguments under the same caller's key never get another upload's answer. ``a4sx-mcp-`` and 64
+    hex digits: the schema's shape."""
     bound = json.dumps([caller_key, content_sha, params], sort_keys=True, separators=(",", ":"))
     return "a4sx-mcp-" + lazy("hashlib").sha256(bound.encode("utf-8", "surrogatepass")).hexdigest()
 
@@ -5482,8 +5515,9 @@ PUBLISH_MAX_ATTEMPTS, PUBLISH_BUSY_MAX_ATTEMPTS, RETRY_WAIT_CAP_S = 3, 6, 60
 
 
 def push_with_retries(ctx, upload, params, headers, caller_key, local=False):
-    """``POST /library/push`` of the ``ScrubbedUpload``, streamed from its file, with the same
-    Idempotency-Key on every attempt: on a network error or
+    """Uploads the ``ScrubbedUpload`` (``POST /library/push``), retrying with the same key.
+
+    Streamed from its file, with the same Idempotency-Key on every attempt: on a network error or
     429/502/503/504 up to 3 attempts (busy scrub pool: 6), waiting as ``retry_wait`` says; a 404
     provisions the library again once. ``(entry id, body)`` of a stored push; ToolError otherwise,
     naming ``caller_key``: the key that, passed again with the same content, sends the same header
@@ -5539,36 +5573,41 @@ def push_with_retries(ctx, upload, params, headers, caller_key, local=False):
 
 
 def upload_timeout(size, override):
-    """120 s plus 2 s per MiB, at most 30 min; ``$A4SX_UPLOAD_TIMEOUT_S`` overrides (at most 6
-    h)."""
+    """Gives an upload's deadline: 120 s plus 2 s per MiB, at most 30 min.
+
+    ``$A4SX_UPLOAD_TIMEOUT_S`` overrides it (at most 6 h)."""
     if override > 0:
         return min(override, 6 * 3600)
     return min(1800, 120 + size // (512 * 1024))
 
 
 def retry_wait(attempt, details):
-    """The server's ``retry_after_s`` (capped at 60 s), else 5 s then 15 s; plus up to 25 %
-    jitter."""
+    """Gives the wait before a retry: the server's ``retry_after_s``, else 5 s then 15 s.
+
+    The server's is capped at 60 s; up to 25 % jitter is added."""
     hint = retry_after_of(details)
-    base = min(hint, RETRY_WAIT_CAP_S) if hint else PUBLISH_RETRY_WAITS_S[min(attempt, len(PUBLISH_RETRY_WAITS_S) - 1)]
+    waits = PUBLISH_RETRY_WAITS_S
+    base = min(hint, RETRY_WAIT_CAP_S) if hint else waits[min(attempt, len(waits) - 1)]
     return base + lazy("random").uniform(0, base * 0.25)
 
 
 def visibility_of(body):
-    """``visibility``: what the push's answer states, else ``private``, what was asked for (this
-    server sent it only to the private library route, and the answer, as the spec has it, does not
-    say); and ``visibility_confirmed``, which tells the two apart (the hosted vocabulary stays in
-    ``visibility``)."""
+    """Says what a push's answer tells of its visibility: ``visibility``, ``visibility_confirmed``.
+
+    ``visibility``: what the answer states, else ``private``, what was asked for (this server sent
+    it only to the private library route, and the answer, as the spec has it, does not say);
+    ``visibility_confirmed`` tells the two apart (the hosted vocabulary stays in ``visibility``)."""
     stated = body.get("visibility") in ("private", "public")
     return {"visibility": body["visibility"] if stated else "private",
             "visibility_confirmed": stated}
 
 
 def saved_as(body, into, collection):
-    """Where the API says the upload went: ``unchanged`` (deduped: the entry's newest version
-    already held it), ``new_version`` (a version above 1, whatever routed it there: ``into`` or a
-    label naming an entry), else ``new_entry``. An answer without a version number: a new version
-    only when it went into the entry it was sent into."""
+    """Says where the API put the upload: ``unchanged``, ``new_version`` or ``new_entry``.
+
+    ``unchanged``: deduped (the entry's newest version already held it); ``new_version``: a
+    version above 1, whatever routed it there (``into`` or a label naming an entry). An answer
+    without a version number: a new version only when it went into the entry it was sent into."""
     if body.get("deduped") is True:
         return "unchanged"
     version = body.get("version")
@@ -5580,8 +5619,9 @@ def saved_as(body, into, collection):
 
 
 def saved_result(result):
-    """A save's result (``fields`` kept, so a save that joined it can say so:
-    ``Saves.result_of``)."""
+    """Builds a save's result, with the hint for what the answer says.
+
+    ``fields`` is kept, so a save that joined it can say so (``Saves.result_of``)."""
     hint = (SAVED_PUBLIC_NEXT if result["visibility"] == "public"  # as the answer says
             else UNCHANGED_OPTIONS_NEXT if result.get("options_applied") is False
             else UNCHANGED_NEXT if result["deduped"] else SAVED_NEXT)
@@ -5630,13 +5670,13 @@ ENDED_SAVE["cut"] = ENDED_SAVE["may_be_stored"]  # (an earlier release's word fo
 
 
 class Joined(Cancelled):
-    """This save's session is being saved already: it ends here and its callers wait for that
-    save."""
+    """Raised when this save's session is being saved already: its callers wait for that save."""
 
 
 class Save:
-    """One save: an unguessable id (also its task id), its own cancel flag, what it is doing, and
-    its Result once done (None: stopped before anything was sent, or joined another save)."""
+    """One save: an unguessable id (also its task id), its cancel flag, stage and Result.
+
+    The Result stays None when it stopped before anything was sent or joined another save."""
 
     def __init__(self, name):
         self.id = os.urandom(16).hex()  # 128 bits: a save_id and task id cannot be guessed
@@ -5669,10 +5709,11 @@ class Save:
 
 
 class Saves:
-    """The one store of saves: ``publish_session`` and ``publish_local_session`` run each save here
-    on its own thread (not a pool worker: the calls waiting for it hold those), and a call, a
-    ``save_id`` call and a task all wait on the same Save. A save of a session already in flight
-    joins that one."""
+    """The one store of saves: runs each in the background and lets every caller wait on it.
+
+    ``publish_session`` and ``publish_local_session`` run each save here on its own thread (not
+    a pool worker: the calls waiting for it hold those), and a call, a ``save_id`` call and a task
+    all wait on the same Save. A save of a session already in flight joins that one."""
 
     def __init__(self, server):
         self.server = server
@@ -5714,7 +5755,7 @@ class Saves:
             result = error_result(ToolError("may_be_stored", MAY_BE_STORED)) if save.sent else None
         except ToolError as err:
             result = error_result(err)
-        except LocalFailure as err:  # a step on this machine (the scrub processes, the upload's file)
+        except LocalFailure as err:  # a step on this machine (the scrub, the upload's file)
             result = error_result(local_failure(err))
         except Exception as err:  # noqa: BLE001 - never leak a traceback, never die
             log("warning", "tool=%s internal error (%s)" % (plain_name(save.name),
@@ -5880,10 +5921,11 @@ class Saves:
 
 
 def answered_in_time(name, handler):
-    """``handler`` run as a save (``Saves``): the call answers within ``answer_within_s`` with the
-    result, or with ``saving`` and the save_id that a ``{"save_id": ...}`` call of
-    publish_local_session waits on. Cancelling the call that started the save stops it while no
-    answer went out."""
+    """Wraps a save's handler so that its call answers within ``answer_within_s``.
+
+    The call answers with the result, or with ``saving`` and the save_id that a ``{"save_id":
+    ...}`` call of publish_local_session waits on (``Saves``). Cancelling the call that started
+    the save stops it while no answer went out."""
     def tool(ctx, args):
         saves = ctx.server.saves
         if "save_id" in args:
@@ -5909,8 +5951,10 @@ def answered_in_time(name, handler):
 
 
 def as_task(name):
-    """A save run as an MCP task (``Server.start_task``): the arguments are checked here, in the
-    save, since the request is answered with the task at once."""
+    """Wraps a save's handler to run as an MCP task (``Server.start_task``).
+
+    The arguments are checked here, in the save, since the request is answered with the task at
+    once."""
     schema = TOOLS_BY_NAME[name]["inputSchema"]
 
     def run(ctx, arguments):
