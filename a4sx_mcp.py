@@ -5009,7 +5009,8 @@ def local_row(entry, found, saves, current=False):
         row["continues"] = carried  # a continued file: its records carry the earlier session's id
     saved = (saves or {}).get("%s:%s" % (session.harness, session.id))
     row["saved"] = None if saved is None else dict(
-        saved, changed_since_save=None if saved["saved_at"] is None else modified > saved["saved_at"])
+        saved, changed_since_save=(None if saved["saved_at"] is None
+                                   else modified > saved["saved_at"]))
     if found is not None:
         row["matches"], row["snippets"] = found
     return row
@@ -5489,7 +5490,8 @@ def unsettled_key(ctx, content_sha):
     except SdkMissing:
         return None
     for name, value in sorted((entries if isinstance(entries, dict) and session else {}).items()):
-        if (name.startswith("ended:") and isinstance(value, dict) and value.get("session") == session
+        if (name.startswith("ended:") and isinstance(value, dict)
+                and value.get("session") == session
                 and value.get("outcome") in ("may_be_stored", "cut")
                 and value.get("sha") == content_sha
                 and isinstance(value.get("key"), str) and _IDEMPOTENCY_KEY.match(value["key"])):
