@@ -8671,7 +8671,7 @@ def test_codex_saves_a_session_slower_than_its_tool_timeout_through_save_id_call
 
 
 # =============================================================================================
-# 7. Tools, resources, prompts and completions (sections 7 and 8): each tool, limits, client features
+# 7. Tools, resources, prompts and completions (sections 7 to 10): each tool, limits, client features
 # =============================================================================================
 
 
@@ -10069,7 +10069,7 @@ def test_interop_inspector_cli_lists_resources_and_prompts(interop_server, inter
 
 
 # =============================================================================================
-# 9. The MCP dispatcher (sections 9 and 11): both eras, every revision, progress, cancellation, load
+# 9. The MCP dispatcher (sections 11 and 13): both eras, every revision, progress, cancellation, load
 # =============================================================================================
 
 
@@ -11228,7 +11228,7 @@ def test_interop_typescript_sdk(interop_server, tmp_path):
 
 
 # =============================================================================================
-# 10. The stdio loop and main (section 10): ready for users
+# 10. The stdio loop and main (section 12): ready for users
 # =============================================================================================
 
 
@@ -11796,7 +11796,7 @@ def test_a_large_publish_does_not_hold_up_the_loop(mcp, stub, token):
 
 
 # =============================================================================================
-# 12. Performance only (section 12): each shortcut gives what the plain way gives
+# 12. Performance only (section 14): each shortcut gives what the plain way gives
 # =============================================================================================
 
 
