@@ -58,6 +58,9 @@ NOTICE_LEAD = a4sx_mcp.notice_sentences("", False)[0].split(". ")[0] + "."  # th
 ERROR_DETAILS = set(a4sx_mcp.ERROR_DETAILS)  # what an error carries beside its code and message
 ERROR_CODE = re.compile(a4sx_mcp.OUTPUT_SCHEMAS["search_sessions"]["anyOf"][1]["properties"]["error"]["pattern"])
 LIB_URI = a4sx_mcp.LIBRARY_URI
+# A test waits for events (an answer, a line on stderr, a file, a request the stub saw); this only
+# bounds a hang. An answer can take seconds on a machine busy with other work, never this long.
+HANG_S = 120
 
 
 def error_text(code, message):
@@ -66,6 +69,26 @@ def error_text(code, message):
 
 
 ERROR_LEAD = error_text("code", "").split("code")[0]  # how every error's text begins
+
+
+def unblocked(fn, *args):
+    """``fn(*args)`` on a thread of its own: what it returns, or raises. A call that blocks (on a FIFO
+    nothing writes to) fails the test after HANG_S instead of hanging it."""
+    done = []
+
+    def run():
+        try:
+            done.append((True, fn(*args)))
+        except BaseException as err:  # noqa: BLE001 - raised again below
+            done.append((False, err))
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(HANG_S)
+    assert done, "%s blocked" % fn.__name__
+    returned, value = done[0]
+    if not returned:
+        raise value
+    return value
 
 
 def fetch_text(structured):
@@ -275,8 +298,9 @@ class McpProcess:
         self.raw_stdout = []
         self.stderr = []
         self.next_id = 1000
-        threading.Thread(target=self._pump, daemon=True).start()
-        threading.Thread(target=self._pump_err, daemon=True).start()
+        self.pumps = [threading.Thread(target=pump, daemon=True) for pump in (self._pump, self._pump_err)]
+        for pump in self.pumps:
+            pump.start()
 
     def _pump(self):
         for line in self.proc.stdout:
@@ -295,13 +319,13 @@ class McpProcess:
     def send(self, message):
         self.send_raw(json.dumps(message).encode() + b"\n")
 
-    def recv(self, timeout=20):
+    def recv(self, timeout=HANG_S):
         line = self.lines.get(timeout=timeout)
         assert line is not None, "server closed stdout; stderr: " + "".join(self.stderr)
         assert line.endswith(b"\n")
         return json.loads(line)
 
-    def request(self, method, params=None, msg_id=None, timeout=20):
+    def request(self, method, params=None, msg_id=None, timeout=HANG_S):
         """Send a request; return its response (notifications that arrive first are kept)."""
         msg_id = self._id() if msg_id is None else msg_id
         message = {"jsonrpc": "2.0", "id": msg_id, "method": method}
@@ -310,7 +334,7 @@ class McpProcess:
         self.send(message)
         return self.wait_for(msg_id, timeout)
 
-    def wait_for(self, msg_id, timeout=20):
+    def wait_for(self, msg_id, timeout=HANG_S):
         deadline = time.monotonic() + timeout
         self.notes = getattr(self, "notes", [])
         while True:
@@ -329,7 +353,7 @@ class McpProcess:
         self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
         return response
 
-    def call(self, name, arguments=None, meta=None, timeout=30):
+    def call(self, name, arguments=None, meta=None, timeout=HANG_S):
         params = {"name": name}
         if arguments is not None:
             params["arguments"] = arguments
@@ -337,7 +361,7 @@ class McpProcess:
             params["_meta"] = meta
         return self.request("tools/call", params, timeout=timeout)
 
-    def tool(self, name, arguments=None, timeout=30):
+    def tool(self, name, arguments=None, timeout=HANG_S):
         """A tool result (legacy 2025-11-25 session): ``(payload, text, is_error)``. Every result's
         structured copy passes the framing checks a model-facing copy must pass; ``payload`` is that
         copy with its envelope opened (``unframe``), which is what the tool tests look at."""
@@ -349,13 +373,15 @@ class McpProcess:
         assert_copies_agree(result)
         return unframe(structured, result["isError"]), result["content"][0]["text"], result["isError"]
 
-    def close(self, timeout=20):
+    def close(self, timeout=HANG_S):
+        """Ends stdin; the exit status once the process ended and all it wrote was read."""
         try:
             self.proc.stdin.close()
         except OSError:
             pass
         code = self.proc.wait(timeout)
-        time.sleep(0.05)
+        for pump in self.pumps:
+            pump.join(timeout)
         return code
 
     def all_output(self):
@@ -544,10 +570,18 @@ def proc_status(pid):
             "fds": len(os.listdir("/proc/%d/fd" % pid))}
 
 
-def settle_status(pid, seconds=1.0):
-    """The process status after in-flight work has had time to end (sockets closed, threads idle)."""
-    time.sleep(seconds)
-    return proc_status(pid)
+def settle_status(pid, quiet=1.0):
+    """The process status once in-flight work has ended (sockets closed, threads idle): its threads
+    and descriptors unchanged for ``quiet`` seconds. A busy machine only makes this take longer."""
+    deadline = time.monotonic() + HANG_S
+    last, since = None, time.monotonic()
+    while True:
+        status = proc_status(pid)
+        if (status["threads"], status["fds"]) != last:
+            last, since = (status["threads"], status["fds"]), time.monotonic()
+        elif time.monotonic() - since >= quiet or time.monotonic() > deadline:
+            return status
+        time.sleep(0.1)
 
 
 def is_usable_id(value):
@@ -605,7 +639,7 @@ class StdoutReader:
             else:
                 self._response(message)
 
-    def wait_for(self, expected, timeout=120):
+    def wait_for(self, expected, timeout=HANG_S):
         """Until every expected id has at least its expected count of answers."""
         deadline = time.monotonic() + timeout
         while True:
@@ -693,8 +727,8 @@ def _interop_repo():
 
 INTEROP_REPO = _interop_repo()
 INTEROP_SERVER = INTEROP_REPO / "a4sx_mcp.py"
-INTEROP_TIMEOUT_S = 30.0  # whole test budget per client
-INTEROP_REQUEST_TIMEOUT_S = 20.0  # per request, inside that budget
+INTEROP_TIMEOUT_S = float(HANG_S)  # whole test budget per client (bounds a hang only)
+INTEROP_REQUEST_TIMEOUT_S = 60.0  # per request, inside that budget
 INTEROP_TOOLS = TOOL_NAMES
 
 # Relay launcher: spawns the server, copies stdin/stdout line by line in both directions,
@@ -912,6 +946,19 @@ class _InteropServer:
             + "\n--- exit.json ---\n" + self._read(self.exit)
         )
 
+    def messages(self):
+        """The wire log: ``(seconds, "->" (the client's) or "<-" (the server's), message)``, in order."""
+        out = []
+        for line in self._read(self.wire, 10 ** 8).splitlines():
+            parts = line.split(None, 2)
+            if len(parts) != 3 or parts[1] not in ("->", "<-"):
+                continue
+            try:
+                out.append((float(parts[0]), parts[1], json.loads(parts[2])))
+            except ValueError:
+                continue
+        return out
+
     def client_methods(self):
         methods = []
         for line in self._read(self.wire, 10**7).splitlines():
@@ -923,7 +970,7 @@ class _InteropServer:
                     methods.append("<not json>")
         return methods
 
-    def exit_info(self, wait_s=5.0):
+    def exit_info(self, wait_s=HANG_S):
         deadline = time.monotonic() + wait_s
         while not self.exit.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -960,6 +1007,25 @@ def interop_stub():
 @pytest.fixture
 def interop_server(tmp_path, interop_stub):
     return _InteropServer(tmp_path, interop_stub.base)
+
+
+def release_when(srv, event, seen):
+    """Sets ``event`` (an answer the stub holds) once ``seen(srv.messages())`` holds: what a client does
+    decides when a save goes on. Watched from a thread of its own; set after HANG_S regardless, so a
+    test whose client never gets there fails instead of hanging."""
+    def watch():
+        deadline = time.monotonic() + HANG_S
+        while not event.is_set() and not seen(srv.messages()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        event.set()
+    threading.Thread(target=watch, name="release-when", daemon=True).start()
+
+
+def polled_working(messages):
+    """Whether the client polled a task (tasks/get) and was answered that it is still working."""
+    polls = {json.dumps(m.get("id")) for _, way, m in messages if way == "->" and m.get("method") == "tasks/get"}
+    return any(way == "<-" and json.dumps(m.get("id")) in polls and (m.get("result") or {}).get("status") == "working"
+               for _, way, m in messages)
 
 
 def _interop_check(found, srv, expected_version, expected_first, forbidden=()):
@@ -1737,7 +1803,7 @@ def test_a_tool_error_whose_message_is_not_words_is_an_internal_error_result(mon
                     {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
                      "params": {"name": "search_sessions", "arguments": {"query": "x"}}}):
         server.handle_line(json.dumps(message).encode())
-    assert server.pool.wait_idle(10)
+    assert server.pool.wait_idle(HANG_S)
     answer = next(m for m in out if m.get("id") == 2)
     assert answer["result"]["isError"] and answer["result"]["structuredContent"]["error"] == "internal_error"
     assert "author" not in json.dumps(answer)
@@ -2229,10 +2295,8 @@ def test_a_config_file_is_checked_on_the_descriptor_it_is_read_through(env):
     private file is read."""
     config = env["cfg"] / "config.json"
     os.mkfifo(str(config))
-    started = time.monotonic()
     with pytest.raises(a4sx_mcp.ConfigUntrusted, match="config.json is not a regular file"):
-        a4sx_mcp.resolve_base(None)
-    assert time.monotonic() - started < 5
+        unblocked(a4sx_mcp.resolve_base, None)  # no writer: a read of it would wait for one
     config.unlink()
     target = env["cfg"] / "real-config.json"
     target.write_text(json.dumps({"base": "https://linked.example"}))
@@ -2289,9 +2353,7 @@ def test_an_untrusted_config_json_is_refused_loudly_never_passed_over(stub, env)
             refused, text, is_error = proc.tool("search_sessions", arguments)
             assert is_error and refused["error"] == "config_untrusted", refused
             assert "config.json is writable by group or others" in text and "Nothing was sent" in text, text
-        deadline = time.monotonic() + 10
-        while "config.json" not in "".join(proc.stderr) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: "config.json" in "".join(proc.stderr))
         assert "no a4sx server is used until this is fixed" in "".join(proc.stderr), proc.stderr
         assert "config.json is writable by group or others" in "".join(proc.stderr), proc.stderr
     finally:
@@ -2667,7 +2729,7 @@ def test_the_token_appears_only_in_its_own_authorization_headers(spawn, stub, to
         results = []
 
         def tool(name, arguments, **kw):
-            response = proc.call(name, arguments, timeout=90, **kw)
+            response = proc.call(name, arguments, **kw)
             results.append(response)
             return response
 
@@ -2806,7 +2868,7 @@ def test_a_token_file_that_is_not_a_regular_file_is_skipped_without_blocking(spa
     os.mkfifo(env["cfg"] / "credentials.json", 0o600)
     os.mkfifo(env["cfg"] / "session", 0o600)
     proc = spawn()
-    structured, text, is_error = proc.tool("search_sessions", {"scope": "library"}, timeout=10)
+    structured, text, is_error = proc.tool("search_sessions", {"scope": "library"})
     assert is_error and structured["error"] == "not_signed_in", text
     assert stub.requests("GET /library/sessions") == []
 
@@ -2873,7 +2935,7 @@ def test_a_watcher_that_cannot_start_fails_its_request_and_not_the_next(stub, mo
         started = time.monotonic()
         with pytest.raises(a4sx_mcp.NetworkError, match="did not answer in time"):
             api.send("health", deadline_s=0.5)
-        assert time.monotonic() - started < 5
+        assert time.monotonic() - started < a4sx_mcp.READ_TIMEOUT_S / 2  # its deadline ended it, not a read's
     finally:
         api.close()
 
@@ -2962,7 +3024,7 @@ class InProc:
             self.out.append(message)
             self.cond.notify_all()
 
-    def request(self, method, params=None, timeout=60):
+    def request(self, method, params=None, timeout=HANG_S):
         self.next_id += 1
         msg_id = self.next_id
         message = {"jsonrpc": "2.0", "id": msg_id, "method": method}
@@ -2977,12 +3039,12 @@ class InProc:
                         return item
                 assert self.cond.wait(max(0.0, deadline - time.monotonic())), "no answer to %s" % method
 
-    def tool(self, name, arguments, timeout=60):
+    def tool(self, name, arguments, timeout=HANG_S):
         result = self.request("tools/call", {"name": name, "arguments": arguments}, timeout)["result"]
         return unframe(result["structuredContent"], result["isError"]), result["content"][0]["text"], result["isError"]
 
 
-def gather(proc, ids, timeout=60):
+def gather(proc, ids, timeout=HANG_S):
     """The responses to requests sent without waiting, by id (each exactly once)."""
     wanted, got = set(ids), {}
     deadline = time.monotonic() + timeout
@@ -3036,24 +3098,32 @@ def test_fault_answers_slower_than_the_timeout(stub, token, monkeypatch, env):
     monkeypatch.setenv("A4SX_UPLOAD_TIMEOUT_S", "1")
     seed_stub(stub)
     server = InProc(stub.base)
+    late = []
     for name, arguments, route in FAULT_CALLS:
         before = len(stub.requests(route))
         new_account(env, stub)
-        stub.queue(route, status=None, delay=0.8)  # the normal answer, late
+        late.append(threading.Event())
+        stub.queue(route, status=None, gate=late[-1])  # the normal answer, late: only after the call gave up
         structured, text, is_error = server.tool(name, arguments)
-        # (no timing: the answer comes at 0.8 s, so an error saying "in time" is the deadline's)
+        # (no timing: the answer comes only after this error, so an error saying "in time" is the deadline's)
         assert is_error and structured["error"] == "network_error", (name, structured)
         assert "did not answer in time" in text
         assert len(stub.requests(route)) == before + 1  # a read is never retried
-    time.sleep(0.6)  # the late answers have all gone out
+    for gate in late:
+        gate.set()
+    wait_until(lambda: all(r["status"] for r in stub.requests()))  # the late answers have all gone out
     for name, arguments, _ in FAULT_CALLS:  # and the same calls work once the server is fast again
         structured, _, is_error = server.tool(name, arguments)
         assert not is_error or structured.get("status") == "payment_required", (name, structured)
     versions = len(stub.pushes)
-    stub.queue("POST /library/push", status=None, delay=1.6)  # stored late, after the client gave up (1 s)
-    structured, _, is_error = server.tool("publish_session", {"transcript": cc_transcript("slow-1")})
+    stored_late = threading.Event()
+    stub.queue("POST /library/push", status=None, gate=stored_late)  # stored only after the client gave up (1 s)
+    try:
+        structured, _, is_error = server.tool("publish_session", {"transcript": cc_transcript("slow-1")})
+    finally:
+        stored_late.set()
     assert not is_error and structured["status"] == "saved"
-    time.sleep(1.0)
+    wait_until(lambda: all(r["status"] for r in stub.requests("POST /library/push")))  # the late one too
     assert len(stub.pushes) == versions + 1 and structured["library_id"] == stub.pushes[-1]["collection"]
     attempts = stub.requests("POST /library/push")[-2:]
     assert len({a["headers"]["idempotency-key"] for a in attempts}) == 1
@@ -3062,7 +3132,7 @@ def test_fault_answers_slower_than_the_timeout(stub, token, monkeypatch, env):
 
 def test_fault_cut_push_answer_leaves_exactly_one_version(mcp, stub, token):
     stub.queue("POST /library/push", 201, raw=b'{"collection": "lib-', store=True, cut=True)
-    structured, _, is_error = mcp.tool("publish_session", {"transcript": cc_transcript("cut-1")}, timeout=60)
+    structured, _, is_error = mcp.tool("publish_session", {"transcript": cc_transcript("cut-1")})
     # the cut answer is a network error, retried with the same key: the stored version comes back
     assert not is_error and structured["status"] == "saved"
     assert len(stub.pushes) == 1 and structured["library_id"] == stub.pushes[0]["collection"]
@@ -3141,7 +3211,7 @@ def test_fault_5xx_storm(mcp, stub, token):
     for status in (502, 503, 504):
         stub.queue("POST /library/push", status, {"error": {"code": "upstream", "details": {"retry_after_s": 1}}})
     pushes_before = len(stub.requests("POST /library/push"))
-    structured, _, is_error = mcp.tool("publish_session", {"transcript": cc_transcript("storm-1")}, timeout=60)
+    structured, _, is_error = mcp.tool("publish_session", {"transcript": cc_transcript("storm-1")})
     assert is_error and structured["status"] == 504 and stub.pushes == []
     attempts = stub.requests("POST /library/push")[pushes_before:]
     assert len(attempts) == 3 and len({a["headers"]["idempotency-key"] for a in attempts}) == 1
@@ -3165,19 +3235,23 @@ def test_fault_429_with_and_without_retry_after(mcp, stub, token):
         assert is_error and structured["error"] == "rate_limited" and structured["retry_after_s"] is None
     for _ in range(2):  # the push: retried with the server's wait, then stored once
         stub.queue("POST /library/push", 429, {"error": {"code": "rate_limited", "details": {"retry_after_s": 1}}})
-    structured, _, is_error = mcp.tool("publish_session", {"transcript": cc_transcript("r-1")}, timeout=60)
+    structured, _, is_error = mcp.tool("publish_session", {"transcript": cc_transcript("r-1")})
     assert not is_error and len(stub.pushes) == 1 and len(stub.requests("POST /library/push")) == 3
     assert_never_bought_and_one_version_per_publish(stub)
 
 
 def test_fault_429_without_retry_after_on_push_in_process(stub, token, monkeypatch):
-    monkeypatch.setattr(a4sx_mcp, "PUBLISH_RETRY_WAITS_S", (0.05, 0.1))  # 5 s and 15 s otherwise
+    waits_s, retry_wait = (0.05, 0.1), a4sx_mcp.retry_wait
+    monkeypatch.setattr(a4sx_mcp, "PUBLISH_RETRY_WAITS_S", waits_s)  # 5 s and 15 s otherwise
+    waited = []
+    monkeypatch.setattr(a4sx_mcp, "retry_wait", lambda attempt, details: waited.append(
+        retry_wait(attempt, details)) or waited[-1])
     server = InProc(stub.base)
     for _ in range(3):
         stub.queue("POST /library/push", 429, {"error": {"code": "rate_limited"}})
-    started = time.monotonic()
     structured, _, is_error = server.tool("publish_session", {"transcript": cc_transcript("r-2")})
-    assert time.monotonic() - started < 5
+    # no Retry-After: each wait is PUBLISH_RETRY_WAITS_S's, with at most a quarter more of jitter
+    assert len(waited) == 2 and all(base <= wait <= 1.25 * base for wait, base in zip(waited, waits_s)), waited
     assert is_error and structured["error"] == "rate_limited" and structured["retry_after_s"] is None
     assert len(stub.requests("POST /library/push")) == 3 and stub.pushes == []
 
@@ -3206,7 +3280,7 @@ def test_fault_504_after_the_push_was_stored(mcp, stub, token):
     lost = {"error": {"code": "gateway_timeout", "details": {"retry_after_s": 1}}}
     stub.queue("POST /library/push", 504, lost, store=True)
     stub.queue("POST /library/push", 504, lost, store=True)
-    structured, _, is_error = mcp.tool("publish_session", {"transcript": cc_transcript("lost-1")}, timeout=60)
+    structured, _, is_error = mcp.tool("publish_session", {"transcript": cc_transcript("lost-1")})
     assert not is_error and len(stub.pushes) == 1 and structured["library_id"] == stub.pushes[0]["collection"]
     attempts = stub.requests("POST /library/push")
     assert len(attempts) == 3 and len({a["headers"]["idempotency-key"] for a in attempts}) == 1
@@ -3224,7 +3298,7 @@ def test_fault_redirects_to_another_origin_are_never_followed(mcp, stub, token):
         for i, (name, arguments, route) in enumerate(calls):
             for code in (301, 302, 303, 307, 308):
                 stub.queue(route, code, redirect=locations[(i + code) % len(locations)])
-                structured, _, is_error = mcp.tool(name, arguments, timeout=60)
+                structured, _, is_error = mcp.tool(name, arguments)
                 assert is_error and structured["status"] == code, (name, code, structured)
         assert other.requests() == [] and stub.pushes == []
     finally:
@@ -3260,7 +3334,8 @@ def test_fault_401_mid_session_then_accepted_again(mcp, stub, token):
 NET_CALLS = FAULT_CALLS + [("publish_session", {"transcript": FUZZ_TRANSCRIPT}, "POST /library/push")]
 
 
-def wait_until(predicate, timeout=10.0):
+def wait_until(predicate, timeout=HANG_S):
+    """Until ``predicate()`` holds: a state the test waits for (``timeout`` bounds a hang only)."""
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, "timed out waiting"
@@ -3279,8 +3354,7 @@ def test_only_the_route_table_opens_sockets(spawn, stub, token, tmp_path):
     trace = tmp_path / "connects.log"
     seed_stub(stub)
     proc = spawn(extra_env={"TEST_CONNECT_LOG": str(trace)})
-    proc.request("tools/list")
-    time.sleep(0.3)  # the warm-up after the handshake sends nothing
+    proc.request("tools/list")  # (the warm-up after the handshake opens no socket: every one is checked below)
     assert not trace.exists() and stub.connections == 0 and stub.requests() == []
     for name, arguments, _ in NET_CALLS:
         proc.tool(name, arguments)
@@ -3317,7 +3391,7 @@ def test_the_tls_context_is_warmed_after_the_handshake_without_a_request(monkeyp
     monkeypatch.setattr(a4sx_mcp, "_ssl_context", None)
     monkeypatch.setattr(socket.socket, "connect", lambda self, address: connects.append(address))
     server = InProc("https://127.0.0.1:%d" % closed_port())  # answers initialize, then warms up
-    wait_until(lambda: a4sx_mcp._ssl_context is not None, timeout=5)
+    wait_until(lambda: a4sx_mcp._ssl_context is not None)
     assert a4sx_mcp._ssl_context.check_hostname and a4sx_mcp.ssl_context() is a4sx_mcp._ssl_context
     assert server.request("tools/list")["result"]["tools"] and connects == []
 
@@ -3328,7 +3402,7 @@ def test_idle_connections_are_closed_after_a_while(stub, monkeypatch):
     assert api.send("health")[0] == 200 and api.send("health")[0] == 200
     assert len(api.idle) == 1 and api.opened == 1 and stub.connections == 1  # kept alive, reused
     conn = api.idle[0][0]
-    wait_until(lambda: not api.idle and api.watcher is None, timeout=3)
+    wait_until(lambda: not api.idle and api.watcher is None)
     assert conn.sock is None  # closed, and the thread that closed it has ended
 
 
@@ -3359,7 +3433,7 @@ def test_connections_the_server_closed_while_idle_are_replaced(spawn, env):
     try:
         proc = spawn(base=srv.base)
         assert not proc.tool("search_sessions", {"scope": "library"})[2]
-        time.sleep(0.7)
+        wait_until(lambda: srv.closed == 1)  # the server closed it once idle
         assert not proc.tool("acquire_session", {"id": "l-1"})[2]  # a POST without a key: a live connection
         assert srv.connections == 2 and [r["route"] for r in srv.requests()] == [
             "GET /library/sessions", "POST /library/acquire"]
@@ -3394,13 +3468,15 @@ def test_a_stale_connection_retries_a_get_once_and_never_a_post_without_key(mcp,
 def test_a_trickling_answer_ends_at_the_route_deadline(stub, token, monkeypatch):
     seed_stub(stub)
     monkeypatch.setitem(a4sx_mcp.ROUTES, "discover", a4sx_mcp.Route("GET", "/memory/discover", False, 4096, 1, "yes"))
-    stub.queue("GET /memory/discover", 200, {"items": [], "pad": "x" * 400}, trickle=0.05)  # 20 s in all
+    body = {"items": [], "pad": "x" * 400}
+    trickled = 0.05 * len(json.dumps(body))  # the whole answer's time: about 20 s
+    stub.queue("GET /memory/discover", 200, body, trickle=0.05)
     server = InProc(stub.base)
     started = time.monotonic()
     structured, text, is_error = server.tool("search_sessions", {})
     took = time.monotonic() - started
     assert is_error and structured["error"] == "network_error" and "1 s deadline" in text, text
-    assert 0.9 < took < 1.6, took
+    assert 0.9 < took < trickled, took  # not before the deadline; long before the answer could end
     assert not server.tool("search_sessions", {})[2]  # the next call is fine
 
 
@@ -3409,12 +3485,12 @@ def test_cancel_ends_a_call_blocked_in_a_read_at_once(spawn, stub, token):
     stub.queue("GET /library/sessions", 200, {"sessions": []}, stall=True)
     proc.send({"jsonrpc": "2.0", "id": "hang-1", "method": "tools/call",
                "params": {"name": "search_sessions", "arguments": {"scope": "library"}}})
-    wait_until(lambda: stub.requests("GET /library/sessions"))
-    time.sleep(0.2)
+    wait_until(lambda: [r for r in stub.requests("GET /library/sessions") if r["status"]])  # its answer begun
     sent = time.monotonic()
     proc.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "hang-1"}})
-    wait_until(lambda: any("outcome=cancelled" in line for line in proc.stderr), timeout=5)
-    assert time.monotonic() - sent < 0.5
+    wait_until(lambda: any("outcome=cancelled" in line for line in proc.stderr))
+    # at once: not when the read's own wait would end (the route's deadline, or the longest silence)
+    assert time.monotonic() - sent < min(a4sx_mcp.ROUTES["library"].deadline_s, a4sx_mcp.READ_TIMEOUT_S) / 2
     assert "result" in proc.request("ping")
     assert all(not (isinstance(m, dict) and m.get("id") == "hang-1") for m in getattr(proc, "notes", []))
 
@@ -3428,17 +3504,16 @@ def test_public_reads_are_answered_while_eight_calls_hang(spawn, stub, token):
         proc.send({"jsonrpc": "2.0", "id": "hang-%d" % i, "method": "tools/call",
                    "params": {"name": "search_sessions", "arguments": {"scope": "library"}}})
     wait_until(lambda: len(stub.requests("GET /library/sessions")) == 8)
-    started = time.monotonic()
-    for name, arguments, _ in FAULT_CALLS[:1] + FAULT_CALLS[2:3]:
-        structured, _, is_error = proc.tool(name, arguments, timeout=10)
+    for name, arguments, _ in FAULT_CALLS[:1] + FAULT_CALLS[2:3]:  # (a stalled answer ends after 60 s: a read
+        structured, _, is_error = proc.tool(name, arguments, timeout=30)  # waiting for the eight would not be answered)
         assert not is_error, structured
-    assert time.monotonic() - started < 3
+    assert not [m for m in proc.notes if str(m.get("id")).startswith("hang-")]  # the eight still hang
     for i in range(8):
         proc.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "hang-%d" % i}})
-    assert not proc.tool("search_sessions", {"scope": "library"}, timeout=10)[2]  # the workers are free again
+    assert not proc.tool("search_sessions", {"scope": "library"})[2]  # the workers are free again
     # the spare workers end once idle: the stdin loop, TOOL_WORKERS workers and the network watcher remain
     limit = 2 + a4sx_mcp.TOOL_WORKERS
-    wait_until(lambda: len(os.listdir("/proc/%d/task" % proc.proc.pid)) <= limit, timeout=a4sx_mcp.SPARE_IDLE_S + 5)
+    wait_until(lambda: len(os.listdir("/proc/%d/task" % proc.proc.pid)) <= limit)
 
 
 def peak_growth(pid, fn):
@@ -3508,7 +3583,7 @@ def test_hostile_answers_on_every_route_stay_within_the_memory_bound(mcp, stub, 
                                "GET /library/fetch": "fetch"}[route]].max_bytes
         for head, unit, tail in HOSTILE_SHAPES:  # under the cap, a shape that parses into far more
             stub.queue(route, 200, flood=(head, unit, size // len(unit), tail))
-            grown, (structured, text, is_error) = peak_growth(pid, lambda: mcp.tool(name, arguments, timeout=60))
+            grown, (structured, text, is_error) = peak_growth(pid, lambda: mcp.tool(name, arguments))
             if unit == b"1000,":  # numbers parse to ~7x: within the budget, so parsed (the answer is empty)
                 assert grown <= a4sx_mcp.PARSE_BUDGET * size + (8 << 20), (route, unit, grown / size)
                 continue
@@ -3517,7 +3592,7 @@ def test_hostile_answers_on_every_route_stay_within_the_memory_bound(mcp, stub, 
         if cap < 64 << 20:  # over the cap, announced or not: refused without holding more than the cap
             for announce in (True, False):
                 stub.queue(route, 200, flood=(b"[", b"0,", (cap + 100) // 2, b"0]"), announce=announce)
-                grown, (structured, text, is_error) = peak_growth(pid, lambda: mcp.tool(name, arguments, timeout=60))
+                grown, (structured, text, is_error) = peak_growth(pid, lambda: mcp.tool(name, arguments))
                 assert is_error and "larger than" in text, (route, text)
                 assert grown <= 2 * cap + (8 << 20), (route, grown / cap)
     rows = [listing("big-%05d" % i, description="d" * 200) for i in range(4000)]  # ~3.5 MB of real rows
@@ -3627,7 +3702,7 @@ def test_a_session_line_of_any_shape_keeps_the_server_within_five_times_the_file
         else:
             arguments = {"transcript": line.decode()}
         proc = spawn(extra_env={"A4SX_MCP_MAX_PUBLISH_BYTES": str(16 << 20)})
-        structured, text, is_error = proc.tool(tool, arguments, timeout=60)
+        structured, text, is_error = proc.tool(tool, arguments)
         del line, arguments
         assert is_error and structured["error"] == "not_a_transcript", (tool, text[:300])
         assert "line 1 (" in text and "too large to check" in text and "a4sx push" in text, text
@@ -3816,11 +3891,20 @@ def test_tls_with_no_ca_bundle_says_so_and_names_the_fix(spawn, env, tls_files, 
 
 def test_fetch_overlaps_its_two_requests(mcp, stub, token):
     seed_stub(stub)
-    stub.queue("GET /library/fetch", status=None, delay=0.6)
-    stub.queue("GET /library/sessions", status=None, delay=0.6)
-    started = time.monotonic()
-    structured, _, is_error = mcp.tool("fetch_session_context", {"id": "s-1"})
-    assert not is_error and time.monotonic() - started < 1.1, structured
+    held = threading.Event()
+    for route in ("GET /library/fetch", "GET /library/sessions"):
+        stub.queue(route, status=None, hold=held)
+    mcp.send({"jsonrpc": "2.0", "id": "both", "method": "tools/call",
+              "params": {"name": "fetch_session_context", "arguments": {"id": "s-1"}}})
+
+    def unanswered(route):
+        return [r for r in stub.requests(route) if r["status"] is None]
+    try:  # both are sent before either is answered
+        wait_until(lambda: unanswered("GET /library/fetch") and unanswered("GET /library/sessions"))
+    finally:
+        held.set()
+    result = mcp.wait_for("both")["result"]
+    assert not result["isError"] and unframe(result["structuredContent"])["status"] == "ok", result
 
 
 def test_a_push_that_finds_the_library_gone_ensures_it_again(mcp, stub, token):
@@ -4532,7 +4616,7 @@ class InjectionRun:
         for tool, args, route, status, shape in cases:  # first the same failures with harmless texts
             self.fresh_account(route)
             self.stub.queue(route, status, self.error_body(status, shape, lambda f: "harmless", 5))
-            response = self.proc.call(tool, args, timeout=60)
+            response = self.proc.call(tool, args)
             result = response["result"]
             self.clean_errors[(tool, route, status, shape)] = (result["content"][0]["text"],
                                                                result["structuredContent"])
@@ -4543,7 +4627,7 @@ class InjectionRun:
             tool, args, route, status, shape = cases[slot % len(cases)]
             self.fresh_account(route)
             self.stub.queue(route, status, self.error_body(status, shape, lambda f: self.text(chosen, f), 5))
-            response = self.proc.call(tool, args, timeout=60)
+            response = self.proc.call(tool, args)
             self.error_result(response, tool, (tool, route, status, shape))
             self.error_routes[(tool, route)] += 1
             self.record("API error messages", chosen)
@@ -4680,7 +4764,8 @@ def test_lone_surrogates_never_cause_internal_error(mcp, stub, token):
 def test_a_page_of_huge_listings_is_answered_promptly(mcp, stub):
     """Found by the corpus: re-sanitising the whole page on every shrink step, each string escaped
     whole before clipping, made this page cost ~27 s of CPU (947e4e9); bounded() fixed it. The page
-    is now kept under the search route's 4 MiB answer cap; a larger one is refused unparsed."""
+    is now kept under the search route's 4 MiB answer cap; a larger one is refused unparsed. (How long
+    the page takes is benchmarks/bench.py's "75 KB descriptions" row.)"""
     for i in range(50):
         stub.listings["h-%02d" % i] = listing("h-%02d" % i, description="word " * (1 << 18))
     structured, text, is_error = mcp.tool("search_sessions", {"limit": 50})
@@ -4691,11 +4776,8 @@ def test_a_page_of_huge_listings_is_answered_promptly(mcp, stub):
     started = time.monotonic()
     mcp.send({"jsonrpc": "2.0", "id": "huge", "method": "tools/call",
               "params": {"name": "search_sessions", "arguments": {"limit": 50}}})
-    try:
-        response = mcp.wait_for("huge", timeout=5)
-    except queue.Empty:
-        raise AssertionError("no answer within 5 s") from None
-    print("a page of 50 listings with 1 MiB descriptions: %.1f s" % (time.monotonic() - started))
+    response = mcp.wait_for("huge")
+    print("a page of 50 listings with 75 KB descriptions: %.1f s" % (time.monotonic() - started))
     assert response["result"]["isError"] is False and unframe(response["result"]["structuredContent"])["items"]
 
 
@@ -5544,14 +5626,14 @@ def test_publish_retries_busy_scrub_pool_up_to_six_attempts(mcp, stub, token):
     busy = {"error": {"code": "scrub_pool_busy", "details": {"retry_after_s": 1}}}
     for _ in range(5):
         stub.queue("POST /library/push", 503, busy)
-    structured, _, is_error = mcp.tool("publish_session", {"transcript": cc_transcript()}, timeout=60)
+    structured, _, is_error = mcp.tool("publish_session", {"transcript": cc_transcript()})
     assert not is_error, structured
     pushes = stub.requests("POST /library/push")
     assert len(pushes) == 6 and len({p["headers"]["idempotency-key"] for p in pushes}) == 1
     stub.clear_queue()
     for _ in range(6):
         stub.queue("POST /library/push", 429, {"error": {"code": "scrub_busy", "details": {"retry_after_s": 1}}})
-    structured, _, is_error = mcp.tool("publish_session", {"transcript": cc_transcript("s2")}, timeout=60)
+    structured, _, is_error = mcp.tool("publish_session", {"transcript": cc_transcript("s2")})
     assert is_error and structured["error"] == "rate_limited" and structured["retry_after_s"] == 1
     assert len(stub.requests("POST /library/push")) == 12
 
@@ -5559,7 +5641,7 @@ def test_publish_retries_busy_scrub_pool_up_to_six_attempts(mcp, stub, token):
 def test_publish_retries_5xx_three_attempts_and_never_retries_scrub_timeout(mcp, stub, token):
     for _ in range(3):
         stub.queue("POST /library/push", 502, {"error": {"code": "bad_gateway", "details": {"retry_after_s": 1}}})
-    structured, _, is_error = mcp.tool("publish_session", {"transcript": cc_transcript()}, timeout=60)
+    structured, _, is_error = mcp.tool("publish_session", {"transcript": cc_transcript()})
     assert is_error and structured["error"] == "bad_gateway" and structured["status"] == 502
     assert len(stub.requests("POST /library/push")) == 3
     stub.queue("POST /library/push", 413, {"error": {"code": "scrub_timeout"}})
@@ -5571,7 +5653,7 @@ def test_publish_retries_5xx_three_attempts_and_never_retries_scrub_timeout(mcp,
 def test_publish_lost_answer_after_store_gives_exactly_one_version(mcp, stub, token):
     stub.queue("POST /library/push", 504, {"error": {"code": "gateway_timeout", "details": {"retry_after_s": 1}}},
                store=True)
-    structured, _, is_error = mcp.tool("publish_session", {"transcript": cc_transcript()}, timeout=60)
+    structured, _, is_error = mcp.tool("publish_session", {"transcript": cc_transcript()})
     assert not is_error and len(stub.pushes) == 1
     assert structured["library_id"] == stub.pushes[0]["collection"]
     keys = {p["headers"]["idempotency-key"] for p in stub.requests("POST /library/push")}
@@ -5580,7 +5662,7 @@ def test_publish_lost_answer_after_store_gives_exactly_one_version(mcp, stub, to
 
 def test_publish_network_error_is_retried_with_the_same_key(mcp, stub, token):
     stub.queue("POST /library/push", drop=True)
-    structured, _, is_error = mcp.tool("publish_session", {"transcript": cc_transcript()}, timeout=60)
+    structured, _, is_error = mcp.tool("publish_session", {"transcript": cc_transcript()})
     assert not is_error and len(stub.pushes) == 1
     keys = {p["headers"]["idempotency-key"] for p in stub.requests("POST /library/push")}
     assert len(keys) == 1 and len(stub.requests("POST /library/push")) == 2
@@ -5589,7 +5671,7 @@ def test_publish_network_error_is_retried_with_the_same_key(mcp, stub, token):
     for _ in range(3):  # (a dropped kept-alive connection is tried again at once)
         stub.queue("POST /library/push", drop=True)
     transcript = cc_transcript("again")
-    structured, text, is_error = mcp.tool("publish_session", {"transcript": transcript}, timeout=60)
+    structured, text, is_error = mcp.tool("publish_session", {"transcript": transcript})
     keys = [p["headers"]["idempotency-key"] for p in stub.requests("POST /library/push")[2:]]
     assert is_error and structured["error"] == "network_error" and len(keys) >= 3 and len(set(keys)) == 1
     # the error names the key that makes a retry safe: the call's own, which the header was bound from
@@ -5961,14 +6043,46 @@ WORKER_FAULTS = {
 }
 
 
-def faulty_worker_env(tmp_path, guard_dir, fault):
+def faulty_worker_env(tmp_path, guard_dir, fault, code=None):
+    """The server's environment with a sitecustomize that runs ``code`` (else ``WORKER_FAULTS[fault]``)
+    in every scrub worker it starts, the offline guard kept."""
     folder = tmp_path / ("worker-" + fault)
     folder.mkdir()
     code = "import sys\nif '--scrub-worker' in sys.argv:\n" + "".join(
-        "    " + line + "\n" for line in WORKER_FAULTS[fault].splitlines())
+        "    " + line + "\n" for line in (WORKER_FAULTS[fault] if code is None else code).splitlines())
     code += "exec(compile(open(%r).read(), 'guard', 'exec'))\n" % str(pathlib.Path(guard_dir) / "sitecustomize.py")
     (folder / "sitecustomize.py").write_text(code)
     return {"PYTHONPATH": os.pathsep.join([str(folder), guard_dir, HERE])}
+
+
+# A scrub worker that scrubs ``after`` batches, then waits for the file ``release`` before each next one:
+# a scrub that lasts as long as the test wants. It ends when its server is gone.
+HELD_WORKER = r'''
+import os, time, types
+class _Held:
+    def __init__(self, real):
+        self.real, self.taken, self.parent = real, 0, os.getppid()
+    def fileno(self):
+        return self.real.fileno()
+    def read(self, size=-1):
+        return self.real.read(size)
+    def readline(self):
+        self.taken += 1
+        while self.taken > %(after)d and not os.path.exists(%(release)r):
+            if os.getppid() != self.parent:
+                os._exit(0)
+            time.sleep(0.05)
+        return self.real.readline()
+sys.stdin = types.SimpleNamespace(buffer=_Held(sys.stdin.buffer))
+'''
+
+
+def held_worker_env(tmp_path, guard_dir, after=0):
+    """``(the server's environment, the file that releases its scrub workers)``: each worker scrubs
+    ``after`` batches, then holds the next one until that file exists."""
+    release = tmp_path / "release-the-scrub-workers"
+    return faulty_worker_env(tmp_path, guard_dir, "held", HELD_WORKER % {"after": after,
+                                                                        "release": str(release)}), release
 
 
 @pytest.mark.parametrize("fault", sorted(WORKER_FAULTS))
@@ -5985,10 +6099,10 @@ def test_a_scrub_worker_that_dies_says_so_and_sends_nothing(spawn, stub, token, 
     if tool == "publish_session":
         transcript = write_transcript(records)
         assert len(transcript) > a4sx_mcp.INPROCESS_SCRUB_BYTES
-        failed, text, is_error = proc.tool(tool, {"transcript": transcript}, timeout=60)
+        failed, text, is_error = proc.tool(tool, {"transcript": transcript})
     else:
         sid, _ = claude_session(env, records)
-        failed, text, is_error = local_save(proc, {"session": sid}, timeout=60)
+        failed, text, is_error = local_save(proc, {"session": sid})
     assert is_error and failed["error"] == "scrub_failed", failed
     assert "pip install" not in text and text.endswith("Nothing was sent."), text
     assert ("answered short" if fault == "cuts_its_reply" else "exited as it started") in text, text
@@ -6011,7 +6125,7 @@ def test_a_temporary_file_that_cannot_grow_says_where_and_why_and_sends_nothing(
     try:
         assert "result" in proc.initialize()
         records = [claude_record("user", "turn %d %s" % (n, "r" * 900), session_id="t-1") for n in range(size // 1000)]
-        failed, text, is_error = proc.tool("publish_session", {"transcript": write_transcript(records)}, timeout=60)
+        failed, text, is_error = proc.tool("publish_session", {"transcript": write_transcript(records)})
         assert is_error and failed["error"] == "temp_file_failed", failed
         assert "temporary file in %s" % temp in text and "could not grow (File too large)" in text, text
         assert text.endswith("Nothing was sent."), text
@@ -6173,7 +6287,7 @@ def test_publish_accepts_a_transcript_with_leading_blank_lines_and_no_final_newl
     body = cc_transcript("lead-1").rstrip("\n")
     assert body.count("\n") == 5 and not body.endswith("\n")
     for transcript in ("\n" + body + "\n", "\n\n" + body):
-        structured, text, is_error = mcp.tool("publish_session", {"transcript": transcript}, timeout=60)
+        structured, text, is_error = mcp.tool("publish_session", {"transcript": transcript})
         assert not is_error, text
         assert structured["status"] == "saved"
     assert len(stub.requests("POST /library/push")) == 2
@@ -6303,7 +6417,7 @@ def new_tool_use_id():
     return "toolu_" + uuid.uuid4().hex[:24]
 
 
-def local_save(proc, arguments=None, meta=None, timeout=30):
+def local_save(proc, arguments=None, meta=None, timeout=HANG_S):
     """publish_local_session over the pipes: ``(payload, text, is_error)`` with the framing checks."""
     response = proc.call("publish_local_session", arguments if arguments is not None else {}, meta=meta,
                          timeout=timeout)
@@ -6366,18 +6480,19 @@ def test_local_session_waits_for_the_client_to_write_the_calling_turn(spawn, stu
             f.write(turn[40:])
 
     writer = threading.Thread(target=client_writes)
-    writer.start()
     started = time.monotonic()
+    writer.start()
     saved, _, is_error = local_save(proc, meta={"claudecode/toolUseId": use})
     writer.join()
-    assert not is_error and time.monotonic() - started >= 1.1, saved
+    assert not is_error and time.monotonic() - started >= 1.1, saved  # (its turn was whole 1.2 s after the call)
     assert stub.pushes[-1]["body"].endswith(turn) and saved["local_session"]["id"] == sid
-    # never written: a bounded wait, then the error lists this project's sessions (no content)
+    # never written: a bounded wait (an unbounded one would not answer: local_save's timeout), then the
+    # error lists this project's sessions (no content)
     started = time.monotonic()
     failed, text, is_error = local_save(proc, meta={"claudecode/toolUseId": new_tool_use_id()})
     waited = time.monotonic() - started
     assert is_error and failed["error"] == "no_local_session" and "tool use id" in text, text
-    assert a4sx_mcp.TURN_WAIT_S <= waited < a4sx_mcp.TURN_WAIT_S + 5, waited
+    assert a4sx_mcp.TURN_WAIT_S <= waited, waited
     assert [s["id"] for s in failed["sessions"]] == [sid] and set(failed["sessions"][0]) == {
         "id", "harness", "bytes", "modified"}
     assert len(stub.pushes) == 1
@@ -6760,11 +6875,9 @@ def test_local_session_files_that_are_not_the_agents_own_are_never_read(spawn, s
     hard = str(uuid.uuid4())
     os.link(str(secret), str(project / (hard + ".jsonl")))
     proc = spawn()
-    for sid in (linked_file, linked_folder, fifo):
-        started = time.monotonic()
+    for sid in (linked_file, linked_folder, fifo):  # (a call blocked on the FIFO would not be answered)
         refused, _, is_error = local_save(proc, {"session": sid})
         assert is_error and refused["error"] == "no_local_session", (sid, refused)  # not listed at all
-        assert time.monotonic() - started < 5
     refused, text, is_error = local_save(proc, {"session": hard})
     assert is_error and refused["error"] == "session_unreadable" and "hard link" in text, text
     if os.getuid() == 0:  # another user's file (needs root to make one)
@@ -6799,10 +6912,9 @@ def test_local_session_open_follows_no_link_swapped_in_after_the_listing(env, tm
         a4sx_mcp.read_session(session, 1 << 20)
     os.unlink(str(path))
     os.mkfifo(str(path))  # and now a FIFO with no writer
-    started = time.monotonic()
     with pytest.raises(a4sx_mcp.ToolError) as refused:
-        a4sx_mcp.read_session(session, 1 << 20)
-    assert "not a regular file" in refused.value.message and time.monotonic() - started < 2
+        unblocked(a4sx_mcp.read_session, session, 1 << 20)
+    assert "not a regular file" in refused.value.message
 
 
 @SYMLINKS
@@ -6888,18 +7000,20 @@ def test_local_session_over_the_cap_points_to_the_cli(spawn, stub, token, env):
     assert stub.pushes == [] and stub.requests() == []
 
 
-def test_local_session_cancel_mid_scrub_sends_nothing_and_progress_keeps_coming(spawn, stub, token, env, tmp_path):
-    """A large session scrubs for minutes: progress notes (the bytes scrubbed so far) come every
-    PROGRESS_EVERY_S while it does; what is scrubbed goes to a private file that holds only scrubbed
-    bytes; a cancel stops every scrub worker at once and removes that file, with no answer and nothing
-    uploaded."""
+def test_local_session_cancel_mid_scrub_sends_nothing_and_progress_keeps_coming(spawn, stub, token, env, tmp_path,
+                                                                                 guard_dir):
+    """A large session scrubs for minutes (here its workers hold their second batch until the end):
+    progress notes (the bytes scrubbed so far) come every PROGRESS_EVERY_S while it does; what is
+    scrubbed goes to a private file that holds only scrubbed bytes; a cancel stops every scrub worker at
+    once and removes that file, with no answer and nothing uploaded."""
     key = "sk-" + "ant-api03-" + secrets.token_hex(24)
     turns = [claude_record("user" if i % 2 else "assistant", "line %d of a long session %s %s" % (i, key, "w " * 400))
              for i in range(8000)]  # ~7 MiB of repetitive text: several seconds of scrubbing here
     sid, _ = claude_session(env, turns)
     temp = tmp_path / "temp"
     temp.mkdir()
-    proc = spawn(extra_env={"TMPDIR": str(temp), "A4SX_MCP_SCRUB_WORKERS": "2", "A4SX_MCP_LOG": "info"})
+    held, release = held_worker_env(tmp_path, guard_dir, after=1)
+    proc = spawn(extra_env=dict(held, TMPDIR=str(temp), A4SX_MCP_SCRUB_WORKERS="2", A4SX_MCP_LOG="info"))
     pid = proc.proc.pid
 
     def temp_files():
@@ -6913,14 +7027,14 @@ def test_local_session_cancel_mid_scrub_sends_nothing_and_progress_keeps_coming(
 
     proc.send({"jsonrpc": "2.0", "id": 77, "method": "tools/call", "params": {
         "name": "publish_local_session", "arguments": {"session": sid}, "_meta": {"progressToken": "p"}}})
-    notes, started = [], time.monotonic()
-    while len(notes) < 2 or re.search(r": 0 KiB done", notes[-1][1]):  # until a batch was scrubbed
-        note = proc.recv(timeout=30)
+    notes = []
+    while len(notes) < 2 or re.search(r": 0 KiB done", notes[-1]):  # until a batch was scrubbed
+        note = proc.recv()
         assert note.get("method") == "notifications/progress", note
-        notes.append((time.monotonic() - started, note["params"]["message"]))
-    assert notes[0][1].startswith("scrubbing ") and notes[1][1].endswith(" s so far"), notes
-    assert re.fullmatch(r"scrubbing \d+ MiB on this machine: \d+ [KM]iB done, \d+ s so far", notes[-1][1]), notes
-    assert notes[1][0] - notes[0][0] >= a4sx_mcp.PROGRESS_EVERY_S - 1, notes
+        notes.append(note["params"]["message"])
+    assert notes[0].startswith("scrubbing ") and notes[1].endswith(" s so far"), notes
+    assert re.fullmatch(r"scrubbing \d+ MiB on this machine: \d+ [KM]iB done, \d+ s so far", notes[-1]), notes
+    assert int(re.search(r"(\d+) s so far", notes[1]).group(1)) >= a4sx_mcp.PROGRESS_EVERY_S, notes  # its clock
     upload, = temp_files()  # the scrubbed bytes so far, in a file with no name left in TMPDIR
     with open("/proc/%d/fd/%s" % (pid, upload), "rb") as f:
         scrubbed = f.read()
@@ -6930,10 +7044,11 @@ def test_local_session_cancel_mid_scrub_sends_nothing_and_progress_keeps_coming(
     listed = proc.request("tools/list")
     assert [t["name"] for t in listed["result"]["tools"]] == TOOL_NAMES
     # the call ended without an answer (logged when it does), its workers and file already gone
-    wait_until(lambda: "tool=publish_local_session outcome=cancelled" in "".join(proc.stderr), timeout=60)
+    wait_until(lambda: "tool=publish_local_session outcome=cancelled" in "".join(proc.stderr))
     assert not [m for m in proc.notes if m.get("id") == 77], proc.notes
     assert stub.pushes == [] and stub.requests() == []
     assert temp_files() == [] and os.listdir(str(temp)) == [] and children_of(pid) == []
+    release.write_text("")
 
 
 def test_a_save_refused_mid_pass_stops_its_workers_and_the_next_save_uploads_its_own_scrub(spawn, stub, token, env):
@@ -6961,7 +7076,7 @@ def children_of(pid):
 # --- a save answers within A4SX_MCP_ANSWER_WITHIN_S and finishes in the background ----
 
 
-def saving_call(proc, name, arguments, msg_id=None, timeout=30):
+def saving_call(proc, name, arguments, msg_id=None, timeout=HANG_S):
     """A publish call's result: ``(structured, text)``, the schema and copy checks passed; ``saving``
     results are this file's words (no envelope)."""
     response = proc.request("tools/call", {"name": name, "arguments": arguments}, msg_id=msg_id, timeout=timeout)
@@ -6975,14 +7090,38 @@ def saving_call(proc, name, arguments, msg_id=None, timeout=30):
     return unframe(structured, result["isError"]), result["content"][0]["text"]
 
 
-def finish_save(proc, save_id, limit=30):
+def finish_save(proc, save_id):
     """Calls publish_local_session with ``save_id`` until it answers something else than saving."""
-    for _ in range(limit):
+    deadline = time.monotonic() + HANG_S
+    while True:
         answer, text = saving_call(proc, "publish_local_session", {"save_id": save_id})
         if answer.get("status") != "saving":
             return answer, text
         assert answer["save_id"] == save_id
-    raise AssertionError("still saving after %d calls" % limit)
+        assert time.monotonic() < deadline, "still saving after %d s" % HANG_S
+
+
+def stage_reached(proc, saving, wanted):
+    """A save that answered ``saving``, asked again by its save_id (each call waits up to
+    A4SX_MCP_ANSWER_WITHIN_S) until ``wanted(its stage)``: the answer then. A step of a save is waited
+    for, however slowly a busy machine gets there."""
+    deadline = time.monotonic() + HANG_S
+    while not wanted(saving["stage"]):
+        assert time.monotonic() < deadline, saving
+        saving, _ = saving_call(proc, "publish_local_session", {"save_id": saving["save_id"]})
+        assert saving["status"] == "saving", saving
+    return saving
+
+
+def task_ended(proc, task_id, meta=None):
+    """tasks/get until the task is no longer working: its last answer."""
+    deadline = time.monotonic() + HANG_S
+    while True:
+        got = proc.request("tasks/get", dict(meta or {}, taskId=task_id))["result"]
+        if got["status"] != "working":
+            return got
+        assert time.monotonic() < deadline, got
+        time.sleep(0.1)
 
 
 def test_a_save_longer_than_the_bound_answers_saving_and_finishes_through_save_id(spawn, stub, token, env):
@@ -6993,14 +7132,18 @@ def test_a_save_longer_than_the_bound_answers_saving_and_finishes_through_save_i
     says joined), for both tools (one with other options: test_publish_session_joins_a_save_in_flight_only_
     with_the_same_options and test_a_save_joins_one_in_flight_only_with_the_same_options_and_the_same_bytes)."""
     proc = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "1"})
-    stub.queue("POST /library/push", None, delay=4)  # the normal answer, 4 s late
+    held = threading.Event()
+    stub.queue("POST /library/push", None, hold=held)  # the normal answer, once released
     transcript = cc_transcript("slow-1")
-    first, text = saving_call(proc, "publish_session", {"transcript": transcript})
-    assert first["status"] == "saving" and re.fullmatch("[0-9a-f]{32}", first["save_id"]), first
-    assert 'call publish_local_session with {"save_id": "%s"}' % first["save_id"] in text, text
-    assert first["stage"].startswith("uploading ") or first["stage"].startswith("scrubbing "), first
-    joined, _ = saving_call(proc, "publish_session", {"transcript": transcript})  # the same bytes: joined
-    assert joined["status"] == "saving" and joined["save_id"] != first["save_id"], joined
+    try:
+        first, text = saving_call(proc, "publish_session", {"transcript": transcript})
+        assert first["status"] == "saving" and re.fullmatch("[0-9a-f]{32}", first["save_id"]), first
+        assert 'call publish_local_session with {"save_id": "%s"}' % first["save_id"] in text, text
+        stage_reached(proc, first, lambda stage: stage.startswith(("uploading ", "scrubbing ")))
+        joined, _ = saving_call(proc, "publish_session", {"transcript": transcript})  # the same bytes: joined
+        assert joined["status"] == "saving" and joined["save_id"] != first["save_id"], joined
+    finally:
+        held.set()
     saved, _ = finish_save(proc, first["save_id"])
     assert saved["status"] == "saved" and saved["library_id"] == stub.pushes[0]["collection"], saved
     assert "joined" not in saved
@@ -7011,10 +7154,14 @@ def test_a_save_longer_than_the_bound_answers_saving_and_finishes_through_save_i
     assert len(stub.pushes) == 1 and len(stub.requests("POST /library/push")) == 1
     # publish_local_session: the same session asked twice while in flight is one save, one upload
     sid, _ = claude_session(env, [claude_record("user", "save me slowly")])
-    stub.queue("POST /library/push", None, delay=4)
-    local, _ = saving_call(proc, "publish_local_session", {"session": sid})
-    second, _ = saving_call(proc, "publish_local_session", {"session": sid})
-    assert local["status"] == second["status"] == "saving" and second["save_id"] != local["save_id"]
+    held = threading.Event()
+    stub.queue("POST /library/push", None, hold=held)
+    try:
+        local, _ = saving_call(proc, "publish_local_session", {"session": sid})
+        second, _ = saving_call(proc, "publish_local_session", {"session": sid})
+        assert local["status"] == second["status"] == "saving" and second["save_id"] != local["save_id"]
+    finally:
+        held.set()
     done, _ = finish_save(proc, local["save_id"])
     assert done["status"] == "saved" and done["local_session"]["id"] == sid and len(stub.pushes) == 2
     assert finish_save(proc, second["save_id"])[0]["joined"] is True and len(stub.pushes) == 2
@@ -7029,12 +7176,16 @@ def test_a_save_in_flight_is_not_joined_by_one_with_the_other_images_choice(spaw
     saved with them, it is a save of its own (its own save_id, its own upload), and the reverse."""
     sid, data, extra = image_session(env, tmp_path, "claude-code-2.1.332-image.jsonl")
     proc = spawn(extra_env=dict(extra, A4SX_MCP_ANSWER_WITHIN_S="1"))
-    stub.queue("POST /library/push", None, delay=4)
-    stub.queue("POST /library/push", None, delay=4)
-    kept, _ = saving_call(proc, "publish_local_session", {"session": sid})
-    left_out, _ = saving_call(proc, "publish_local_session", {"session": sid, "images": "placeholder"})
-    same, _ = saving_call(proc, "publish_local_session", {"session": sid, "images": "keep"})
-    assert kept["status"] == left_out["status"] == same["status"] == "saving", (kept, left_out)
+    held = threading.Event()
+    stub.queue("POST /library/push", None, hold=held)
+    stub.queue("POST /library/push", None, hold=held)
+    try:
+        kept, _ = saving_call(proc, "publish_local_session", {"session": sid})
+        left_out, _ = saving_call(proc, "publish_local_session", {"session": sid, "images": "placeholder"})
+        same, _ = saving_call(proc, "publish_local_session", {"session": sid, "images": "keep"})
+        assert kept["status"] == left_out["status"] == same["status"] == "saving", (kept, left_out)
+    finally:
+        held.set()
     done = [finish_save(proc, answer["save_id"])[0] for answer in (kept, left_out, same)]
     assert [d["local_session"]["images"]["choice"] for d in done] == ["keep", "placeholder", "keep"], done
     assert [d.get("joined") for d in done] == [None, None, True], done
@@ -7044,23 +7195,32 @@ def test_a_save_in_flight_is_not_joined_by_one_with_the_other_images_choice(spaw
 def test_cancelling_the_first_call_stops_the_save_but_a_status_call_does_not(spawn, stub, token, env):
     """The call that started a save and got no answer yet owns it: its cancel stops the save with
     nothing sent. Once it answered saving, cancelling a save_id call only ends that call's wait."""
-    proc = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "30"})
-    stub.queue("POST /library/ensure", None, delay=3)
+    proc = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "30", "A4SX_MCP_LOG": "info"})
+    ensured = threading.Event()
+    stub.queue("POST /library/ensure", None, hold=ensured)
     proc.send({"jsonrpc": "2.0", "id": 51, "method": "tools/call", "params": {
         "name": "publish_session", "arguments": {"transcript": cc_transcript("cancel-1")}}})
-    wait_until(lambda: stub.requests("POST /library/ensure"))
-    proc.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 51}})
-    time.sleep(4)
+    try:
+        wait_until(lambda: stub.requests("POST /library/ensure"))
+        proc.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 51}})
+    finally:
+        ensured.set()
+    wait_until(lambda: "save of publish_session outcome=" in "".join(proc.stderr))  # the save has ended
     proc.request("tools/list")
     assert not [m for m in proc.notes if m.get("id") == 51], proc.notes
     assert stub.pushes == [] and stub.requests("POST /library/push") == []
-    slow = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "1"})
-    stub.queue("POST /library/push", None, delay=4)
-    first, _ = saving_call(slow, "publish_session", {"transcript": cc_transcript("cancel-2")})
-    assert first["status"] == "saving"
-    slow.send({"jsonrpc": "2.0", "id": 52, "method": "tools/call", "params": {
-        "name": "publish_local_session", "arguments": {"save_id": first["save_id"]}}})
-    slow.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 52}})
+    # (a status call's wait is the bound: 5 s, so that its cancel, the next line, is read before it ends)
+    slow = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "5"})
+    held = threading.Event()
+    stub.queue("POST /library/push", None, hold=held)
+    try:
+        first, _ = saving_call(slow, "publish_session", {"transcript": cc_transcript("cancel-2")})
+        assert first["status"] == "saving"
+        slow.send({"jsonrpc": "2.0", "id": 52, "method": "tools/call", "params": {
+            "name": "publish_local_session", "arguments": {"save_id": first["save_id"]}}})
+        slow.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 52}})
+    finally:
+        held.set()
     saved, _ = finish_save(slow, first["save_id"])
     assert saved["status"] == "saved" and len(stub.pushes) == 1
     assert not [m for m in slow.notes if m.get("id") == 52], slow.notes
@@ -7069,7 +7229,7 @@ def test_cancelling_the_first_call_stops_the_save_but_a_status_call_does_not(spa
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 @POSIX_SIGNALS
 def test_a_client_s_signal_stops_a_scrubbing_save_and_lets_an_upload_finish_and_says_so_later(
-        spawn, stub, token, env, signum):
+        spawn, stub, token, env, tmp_path, guard_dir, signum):
     """Claude Code ends its servers with SIGINT, Codex CLI with SIGTERM, neither closing stdin first: a
     save still scrubbing stops at once with nothing sent, an upload in flight gets SIGNAL_GRACE_S to
     finish (else it is stopped: it may be stored), the process exits 0, and a later server tells the
@@ -7077,12 +7237,14 @@ def test_a_client_s_signal_stops_a_scrubbing_save_and_lets_an_upload_finish_and_
     turns = [claude_record("user" if i % 2 else "assistant", "line %d of a long session %s" % (i, "w " * 400))
              for i in range(8000)]  # ~7 MiB: seconds of scrubbing
     sid, _ = claude_session(env, turns)
-    proc = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "1"})
+    held, release = held_worker_env(tmp_path, guard_dir)  # its scrub lasts until the signal
+    proc = spawn(extra_env=dict(held, A4SX_MCP_ANSWER_WITHIN_S="1"))
     scrubbing, _ = saving_call(proc, "publish_local_session", {"session": sid})
-    assert scrubbing["status"] == "saving" and scrubbing["stage"].startswith("scrubbing"), scrubbing
+    assert scrubbing["status"] == "saving", scrubbing
+    stage_reached(proc, scrubbing, lambda stage: stage.startswith("scrubbing"))
     proc.proc.send_signal(signum)
-    assert proc.proc.wait(10) == 0
-    time.sleep(0.5)
+    assert proc.proc.wait(HANG_S) == 0
+    release.write_text("")
     assert stub.requests("POST /library/push") == []
     record = json.loads((env["cfg"] / "saved-sessions.json").read_text())[stub.base]
     assert record["ended:" + scrubbing["save_id"]]["outcome"] == "stopped"
@@ -7090,14 +7252,21 @@ def test_a_client_s_signal_stops_a_scrubbing_save_and_lets_an_upload_finish_and_
     later = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "1"})
     told, text = saving_call(later, "publish_local_session", {"save_id": scrubbing["save_id"]})
     assert told["error"] == "save_ended" and "before anything was sent" in text, text
-    # uploading: a push answered within the grace is finished and recorded as saved; a slow one is cut
-    for pushes, (delay, outcome) in enumerate(((a4sx_mcp.SIGNAL_GRACE_S / 2, "saved"), (20, "may_be_stored")), 1):
-        stub.queue("POST /library/push", None, delay=delay)
+    # uploading: a push answered within the grace is finished and recorded as saved (its answer is let
+    # go as the signal is sent); one never answered is cut when the grace is over
+    for pushes, outcome in enumerate(("saved", "may_be_stored"), 1):
+        held = threading.Event()
+        stub.queue("POST /library/push", None, hold=held)
         later.send({"jsonrpc": "2.0", "id": 60, "method": "tools/call", "params": {
             "name": "publish_session", "arguments": {"transcript": cc_transcript("end-%d" % pushes)}}})
-        wait_until(lambda: len(stub.requests("POST /library/push")) == pushes)  # the upload is on its way
-        later.proc.send_signal(signum)
-        assert later.proc.wait(10) == 0
+        try:
+            wait_until(lambda: len(stub.requests("POST /library/push")) == pushes)  # the upload is on its way
+            later.proc.send_signal(signum)
+            if outcome == "saved":
+                held.set()
+            assert later.proc.wait(HANG_S) == 0
+        finally:
+            held.set()
         record = json.loads((env["cfg"] / "saved-sessions.json").read_text())[stub.base]
         ended = [v for k, v in record.items() if k.startswith("ended:") and v["session"].startswith("sha256:")]
         assert sorted(v["outcome"] for v in ended) == sorted(["saved", "may_be_stored"][:pushes]), record
@@ -7178,10 +7347,11 @@ def test_a_signal_while_a_save_waits_to_retry_after_a_stored_503_records_that_it
     proc = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "1"})
     stub.queue("POST /library/push", 503, {"error": {"code": "unavailable"}}, store=True)
     waiting, _ = saving_call(proc, "publish_session", {"transcript": cc_transcript("stored-503")})
-    assert waiting["status"] == "saving" and "retrying" in waiting["stage"], waiting
+    assert waiting["status"] == "saving", waiting
+    stage_reached(proc, waiting, lambda stage: "retrying" in stage)
     assert len(stub.pushes) == 1
     proc.proc.send_signal(signal.SIGTERM)
-    assert proc.proc.wait(10) == 0
+    assert proc.proc.wait(HANG_S) == 0
     assert ended_records(env, stub)[waiting["save_id"]]["outcome"] == "may_be_stored"
     later = spawn()
     told, text = saving_call(later, "publish_local_session", {"save_id": waiting["save_id"]})
@@ -7189,29 +7359,34 @@ def test_a_signal_while_a_save_waits_to_retry_after_a_stored_503_records_that_it
     assert len(stub.requests("POST /library/push")) == 1
 
 
-def test_quitting_like_claude_code_during_an_upload_leaves_the_truth_on_disk(spawn, stub, token, env):
+def test_quitting_like_claude_code_during_an_upload_leaves_the_truth_on_disk(spawn, stub, token, env, tmp_path,
+                                                                           guard_dir):
     """Interactive Claude Code quits with SIGINT, SIGTERM 0.1 s later and SIGKILL at 0.5 s: before any
     grace wait the record says the upload in flight may be stored and the save still scrubbing was
-    stopped with nothing sent."""
+    stopped with nothing sent. (Here the SIGTERM and the SIGKILL follow once that record is written,
+    whenever a busy machine gets there; Saves.end's own order is test_a_save_recorded_stopped_by_a_
+    signal_never_opens_its_upload's.)"""
     turns = [claude_record("user" if i % 2 else "assistant", "turn %d of a long session %s" % (i, "w " * 400))
              for i in range(8000)]  # ~7 MiB: seconds of scrubbing
     sid, _ = claude_session(env, turns)
-    proc = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "1"})
+    workers, release = held_worker_env(tmp_path, guard_dir)  # its scrub lasts until the end
+    proc = spawn(extra_env=dict(workers, A4SX_MCP_ANSWER_WITHIN_S="1"))
     held = threading.Event()
     stub.queue("POST /library/push", None, hold=held)
     try:
         uploading, _ = saving_call(proc, "publish_session", {"transcript": cc_transcript("quit-1")})
         wait_until(lambda: stub.pushes)
         scrubbing, _ = saving_call(proc, "publish_local_session", {"session": sid})
-        assert scrubbing["status"] == "saving" and scrubbing["stage"].startswith("scrubbing"), scrubbing
+        assert scrubbing["status"] == "saving", scrubbing
+        stage_reached(proc, scrubbing, lambda stage: stage.startswith("scrubbing"))
         proc.proc.send_signal(signal.SIGINT)
-        time.sleep(0.1)
+        wait_until(lambda: scrubbing["save_id"] in ended_records(env, stub))  # written first, at once
         proc.proc.send_signal(signal.SIGTERM)
-        time.sleep(0.4)
         proc.proc.kill()
-        proc.proc.wait(10)
+        proc.proc.wait(HANG_S)
     finally:
         held.set()
+        release.write_text("")
     records = ended_records(env, stub)
     assert records[uploading["save_id"]]["outcome"] == "may_be_stored", records
     assert records[scrubbing["save_id"]] == dict(records[scrubbing["save_id"]], outcome="stopped",
@@ -7240,7 +7415,7 @@ def test_a_save_joins_one_in_flight_only_with_the_same_options_and_the_same_byte
         grown, _ = saving_call(proc, "publish_local_session", {"session": sid})
         assert {first["status"], other["status"], same["status"], grown["status"]} == {"saving"}
         assert len({first["save_id"], other["save_id"], same["save_id"], grown["save_id"]}) == 4
-        assert "waiting for the save of this session" in other["stage"], other
+        stage_reached(proc, other, lambda stage: "waiting for the save of this session" in stage)
     finally:
         held.set()
     done = {name: finish_save(proc, answer["save_id"])[0] for name, answer in
@@ -7288,11 +7463,7 @@ def test_a_preview_sends_nothing_and_says_what_would_leave_and_where(spawn, stub
     # as a task (2026-07-28): completed, and its status says nothing was sent
     task = proc.request("tools/call", {"name": "publish_local_session", "_meta": MODERN_TASKS_META,
                                        "arguments": {"session": sid, "preview": True}})["result"]
-    for _ in range(100):
-        got = proc.request("tasks/get", {"taskId": task["taskId"], "_meta": MODERN_TASKS_META})["result"]
-        if got["status"] != "working":
-            break
-        time.sleep(0.1)
+    got = task_ended(proc, task["taskId"], {"_meta": MODERN_TASKS_META})
     assert got["status"] == "completed" and got["statusMessage"] == "previewed: nothing was sent", got
     assert unframe(got["result"]["structuredContent"])["status"] == "preview"
     assert {r["route"] for r in stub.requests()} == {"GET /library/sessions"} and stub.pushes == []
@@ -8554,13 +8725,15 @@ class SaveIdFollower(FakeResponsesApi):
 
 @POSIX_AGENT_CLIS
 def test_codex_saves_a_session_slower_than_its_tool_timeout_through_save_id_calls(env, stub, token, tmp_path):
-    """Codex CLI with tool_timeout_sec (2 s) below the save's time (an upload answered after 6 s): the
-    first call answers saving within the bound, the scripted model follows the instruction with
-    save_id calls, and the last one answers saved: one upload, no call timed out."""
+    """Codex CLI with tool_timeout_sec (10 s) below the save's time (its upload answered only once the
+    save has run longer than that): the first call answers saving within the bound (1 s), the scripted
+    model follows the instruction with save_id calls, and the last one answers saved: one upload, no
+    call timed out."""
     if not CODEX_BIN.exists():
         _interop_missing("%s not found (npm install @openai/codex@0.169.0)" % CODEX_BIN)
     stub_server.seed_demo(stub)
-    stub.queue("POST /library/push", None, delay=6)
+    held, tool_timeout_s = threading.Event(), 10
+    stub.queue("POST /library/push", None, hold=held)
     home, work = tmp_path / "codex-home", tmp_path / "codex-work"
     codex_home = home / ".codex"
     for folder in (home, codex_home, work):
@@ -8568,9 +8741,21 @@ def test_codex_saves_a_session_slower_than_its_tool_timeout_through_save_id_call
     srv = _InteropServer(tmp_path, stub.base)
     srv.env.update(HOME=str(home), A4SX_CONFIG_DIR=str(env["cfg"]), A4SX_MCP_ANSWER_WITHIN_S="1")
     api, trap = SaveIdFollower([("publish_local_session", {})]), ProxyTrap()
-    cmd = codex_exec(work, api, srv, "Save this session with a4sx.", "mcp_servers.a4sx.tool_timeout_sec=2")
+
+    def outlasted_the_tool_timeout(messages):  # a save_id call answered saving later than that after the first
+        started = min((at for at, way, m in messages if way == "->" and m.get("method") == "tools/call"), default=None)
+        return started is not None and any(
+            way == "<-" and at - started > tool_timeout_s and "save_id" in json.dumps(m.get("result"))
+            and ((m.get("result") or {}).get("structuredContent") or {}).get("status") == "saving"
+            for at, way, m in messages)
+    release_when(srv, held, outlasted_the_tool_timeout)
+    cmd = codex_exec(work, api, srv, "Save this session with a4sx.",
+                     "mcp_servers.a4sx.tool_timeout_sec=%d" % tool_timeout_s)
     environ = codex_environ(home, codex_home, trap)
-    rc, out, err, elapsed = run_agent_cli(cmd, work, environ, (api, trap), CODEX_TIMEOUT_S)
+    try:
+        rc, out, err, elapsed = run_agent_cli(cmd, work, environ, (api, trap), CODEX_TIMEOUT_S)
+    finally:
+        held.set()
 
     def ctx():
         return "\ncodex rc=%s in %.1fs\nstdout=%s\nstderr=%s%s%s" % (
@@ -8691,7 +8876,8 @@ def test_library_search_matches_every_word_and_ranks(mcp, stub, token):
 
 
 def test_library_search_ranking_cost_over_2000_rows():
-    """Ranking is local work on every library search: 2,000 rows must stay well under a round trip."""
+    """Ranking is local work on every library search, over 2,000 rows here: every word must match,
+    accents aside. (Its time, well under a round trip, is benchmarks/bench.py's ranking row.)"""
     rng = random.Random(7)
     vocab = ("pytest fixture flaky teardown refactor parser migration postgres lint ci docker rust async bug fix "
              "session helper rename test caf\u00e9").split()
@@ -8705,7 +8891,9 @@ def test_library_search_ranking_cost_over_2000_rows():
         found = a4sx_mcp.ranked(rows, query, "relevance")
         timings[query] = (len(found), round((time.perf_counter() - started) * 1000, 1))
     print("library ranking over 2,000 rows (matches, ms):", timings)
-    assert all(ms < 500 for _, ms in timings.values())  # generous: a shared, busy machine
+    found = {query: count for query, (count, _) in timings.items()}
+    assert found["nomatch"] == 0 < found["flaky pytest fixture teardown"] <= found["pytest"] < len(rows), found
+    assert 0 < found["cafe"] < len(rows), found  # "café" rows, found by "cafe"
 
 
 def test_library_search_stronger_notice_for_another_authors_content(mcp, stub, token):
@@ -9078,7 +9266,7 @@ def test_untrusted_walk_ends_on_a_parent_cycle(mcp, stub, token):
     put_session(stub, "loop-b", transcript, parent={"cid": "loop-a"})
     put_session(stub, "loop-c", transcript, parent={"cid": "loop-c"})
     for cid in ("loop-a", "loop-b", "loop-c"):
-        structured, _, is_error = mcp.tool("fetch_session_context", {"id": cid}, timeout=15)
+        structured, _, is_error = mcp.tool("fetch_session_context", {"id": cid})
         assert not is_error and structured["untrusted"] is False, cid
 
 
@@ -9214,11 +9402,21 @@ def test_settings_read_limits_from_env(monkeypatch):
     assert settings.max_publish_bytes == 2 * 1024 * 1024 and settings.per_min == 240
 
 
-def test_sliding_window():
+def test_sliding_window(monkeypatch):
+    class Clock:  # the module's clock, moved by the test: no race with a busy machine
+        now = 1000.0
+
+        def monotonic(self):
+            return self.now
+
+        def __getattr__(self, name):
+            return getattr(time, name)
+    clock = Clock()
+    monkeypatch.setattr(a4sx_mcp, "time", clock)
     limiter = a4sx_mcp.RateLimiter(2, window=0.5)
     assert limiter.take() is None and limiter.take() is None
     assert limiter.take() == 1
-    time.sleep(0.6)
+    clock.now += 0.6
     assert limiter.take() is None
     assert a4sx_mcp.RateLimiter(0).take() is None
 
@@ -9768,7 +9966,7 @@ def test_tasks_over_the_pipes_in_both_revisions_and_their_errors(spawn, stub, to
     only when its request declares the extension (tasks/get inlines the result; tasks/update and
     tasks/cancel answer; -32021 without the extension), a 2025-11-25 task of a tool that is not a save
     is -32601, an unknown task -32602, and revisions before 2025-11-25 show and take no tasks."""
-    proc = spawn()
+    proc = spawn(extra_env={"A4SX_MCP_LOG": "info"})
     modern = MODERN_TASKS_META
     plain = dict(modern, **{"io.modelcontextprotocol/clientCapabilities": {}})
     discover = proc.request("server/discover", {"_meta": plain})["result"]
@@ -9776,7 +9974,8 @@ def test_tasks_over_the_pipes_in_both_revisions_and_their_errors(spawn, stub, to
     assert "tasks" not in discover["capabilities"]
     listed = proc.request("tools/list", {"_meta": plain})["result"]["tools"]
     assert not any("execution" in tool for tool in listed)  # 2026-07-28 has no execution field
-    stub.queue("POST /library/push", None, delay=2)
+    held = threading.Event()
+    stub.queue("POST /library/push", None, hold=held)  # working until released
     created = proc.request("tools/call", {"name": "publish_session", "_meta": modern,
                                           "arguments": {"transcript": cc_transcript("task-pipe-1")}})["result"]
     assert created["resultType"] == "task" and created["status"] == "working", created
@@ -9788,12 +9987,8 @@ def test_tasks_over_the_pipes_in_both_revisions_and_their_errors(spawn, stub, to
     assert proc.request("tasks/update", {"taskId": task_id, "inputResponses": {}, "_meta": modern})["result"][
         "resultType"] == "complete"
     assert proc.request("tasks/result", {"taskId": task_id, "_meta": modern})["error"]["code"] == -32601
-    got = {}
-    for _ in range(50):
-        got = proc.request("tasks/get", {"taskId": task_id, "_meta": modern})["result"]
-        if got["status"] != "working":
-            break
-        time.sleep(0.2)
+    held.set()
+    got = task_ended(proc, task_id, {"_meta": modern})
     assert got["status"] == "completed" and got["resultType"] == "complete", got
     assert unframe(got["result"]["structuredContent"])["status"] == "saved" and len(stub.pushes) == 1
     # without the extension declared the same save answers as a call does (here: saved at once)
@@ -9801,7 +9996,8 @@ def test_tasks_over_the_pipes_in_both_revisions_and_their_errors(spawn, stub, to
                                          "arguments": {"transcript": cc_transcript("task-pipe-2")}})["result"]
     assert "taskId" not in direct and direct["resultType"] == "complete" and direct["isError"] is False
     # cancelling a working 2026 task: acknowledged, cancelled, nothing sent
-    stub.queue("GET /library/sessions", None, delay=3)
+    listed = threading.Event()
+    stub.queue("GET /library/sessions", None, hold=listed)  # the labelled save waits for its library here
     slow = proc.request("tools/call", {"name": "publish_session", "_meta": modern, "arguments": {
         "transcript": cc_transcript("task-pipe-3"), "label": "slow"}})["result"]
     assert proc.request("tasks/cancel", {"taskId": slow["taskId"], "_meta": modern})["result"] == {
@@ -9813,7 +10009,8 @@ def test_tasks_over_the_pipes_in_both_revisions_and_their_errors(spawn, stub, to
     assert search["error"]["code"] == -32601, search
     assert proc.request("tasks/get", {"taskId": task_id})["error"]["code"] == -32602
     assert proc.request("tasks/list", {})["result"] == {"tasks": []}
-    time.sleep(3.5)
+    listed.set()
+    wait_until(lambda: "".join(proc.stderr).count("save of publish_session outcome=") == 3)  # it has ended too
     assert len(stub.pushes) == 2  # the cancelled one sent nothing
     older = spawn(initialize="2025-06-18")
     caps = older.request("initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
@@ -9865,11 +10062,18 @@ def test_interop_typescript_sdk_runs_a_save_as_a_2025_11_25_task(interop_server,
     the 2025-11-25 tasks: the tasks capability and publish's taskSupport, a save answered with its
     task at once and polled to its result (one upload), and a cancelled task that sent nothing."""
     _interop_library(interop_server, interop_stub)
-    interop_stub.queue("POST /library/push", None, delay=3)  # still working when first polled
-    interop_stub.queue("GET /library/sessions", None, delay=5)  # the labelled save waits here: cancelled
+    interop_server.env["A4SX_MCP_LOG"] = "info"
+    polled, listed = threading.Event(), threading.Event()
+    interop_stub.queue("POST /library/push", None, hold=polled)  # still working when first polled
+    interop_stub.queue("GET /library/sessions", None, hold=listed)  # the labelled save waits here: cancelled
+    release_when(interop_server, polled, polled_working)
     transcripts = [cc_transcript("task-ts-1"), cc_transcript("task-ts-2")]
     source = _INTEROP_TS_TASKS.replace("cfg.transcripts", json.dumps(transcripts))
-    found = _run_node_script(interop_server, tmp_path, source)
+    try:
+        found = _run_node_script(interop_server, tmp_path, source)
+    finally:
+        polled.set()
+        listed.set()
     ctx = json.dumps(found, indent=1)[:6000] + interop_server.diag()
     assert "error" not in found, ctx
     assert found["capabilities"]["tasks"] == {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}, ctx
@@ -9887,8 +10091,8 @@ def test_interop_typescript_sdk_runs_a_save_as_a_2025_11_25_task(interop_server,
     assert [task_id, "completed"] in found["listed"], ctx
     assert found["cancelled"]["status"] == "cancelled", ctx
     assert found["stopped"][-1]["type"] == "error" and "cancelled" in found["stopped"][-1]["error"], ctx
-    time.sleep(5.5)  # the library answer the cancelled save waited for has come and gone
-    assert len(interop_stub.requests("POST /library/push")) == 1, ctx
+    wait_until(lambda: interop_server._read(interop_server.stderr).count("save of publish_session outcome=") == 2)
+    assert len(interop_stub.requests("POST /library/push")) == 1, ctx  # the cancelled save ended sending nothing
 
 
 def _tasks_extension(found):
@@ -9949,9 +10153,14 @@ def test_interop_python_sdk_runs_a_save_as_a_2026_07_28_task(interop_server, int
     ends in one upload, the result inlined in the completed task. (The SDK has no 2025-11-25 task
     client: its result surface for tools/call at that revision is CallToolResult only, so it refuses a
     CreateTaskResult; the TypeScript SDK's covers those.)"""
-    interop_stub.queue("POST /library/push", None, delay=3)  # still working when first polled
-    found = _run_python_client(interop_server, "2026-07-28", _interop_python_tasks,
-                               before=lambda: _interop_library(interop_server, interop_stub))
+    polled = threading.Event()
+    interop_stub.queue("POST /library/push", None, hold=polled)  # still working when first polled
+    release_when(interop_server, polled, polled_working)
+    try:
+        found = _run_python_client(interop_server, "2026-07-28", _interop_python_tasks,
+                                   before=lambda: _interop_library(interop_server, interop_stub))
+    finally:
+        polled.set()
     ctx = json.dumps(found, indent=1, default=str)[:6000] + interop_server.diag()
     handle = found["handles"][0]
     assert re.fullmatch("[0-9a-f]{32}", handle["taskId"]) and handle["status"] == "working", ctx
@@ -10179,7 +10388,7 @@ def test_a_failing_task_does_not_take_its_worker():
 
     pool.submit(fails)
     pool.submit(done.set)
-    assert done.wait(5) and all(t.is_alive() for t in pool.threads)
+    assert done.wait(HANG_S) and all(t.is_alive() for t in pool.threads)
 
 
 def test_error_details_pass_only_the_allow_list():
@@ -10228,7 +10437,7 @@ def test_oversized_line_is_answered_and_skipped(spawn):
     big = b'{"jsonrpc":"2.0","id":99,"method":"tools/call","params":{"name":"publish_session","arguments":' \
           b'{"transcript":"' + b"x" * (a4sx_mcp.MAX_LINE_BYTES + 10) + b'"}}}\n'
     proc.send_raw(big)
-    response = proc.recv(timeout=60)
+    response = proc.recv()
     assert response["id"] == 99 and response["error"]["code"] == -32600
     assert "larger than" in response["error"]["message"]
     assert proc.request("ping")["result"] == {}
@@ -10236,7 +10445,7 @@ def test_oversized_line_is_answered_and_skipped(spawn):
     # and the server goes on (it once died here: found in the timed review)
     for bad_id in (b'"a\x01b"', b'"\xff\xfe"'):
         proc.send_raw(big.replace(b'"id":99', b'"id":' + bad_id, 1))
-        response = proc.recv(timeout=60)
+        response = proc.recv()
         assert response["id"] is None and response["error"]["code"] == -32600, response
         assert proc.request("ping")["result"] == {}
 
@@ -10250,7 +10459,7 @@ def test_stdout_stays_pure_even_if_code_prints(spawn, tmp_path):
     proc = spawn(initialize=None, extra_env={"PYTHONPATH": str(shim)})
     # the shim printed before the server took over stdout: that line is the only impurity we allow
     # ourselves to create here, so read past it and check the server's own output
-    first = proc.lines.get(timeout=10)
+    first = proc.lines.get(timeout=HANG_S)
     assert first == b"noise from a library\n"
     proc.raw_stdout.remove(first)
     assert proc.initialize()["result"]["protocolVersion"] == "2025-11-25"
@@ -10341,7 +10550,7 @@ def test_structured_content_only_from_2025_06_18(spawn):
 
 def test_progress_notifications_for_publish(mcp, stub, token):
     stub.queue("POST /library/push", 503, {"error": {"code": "scrub_pool_busy", "details": {"retry_after_s": 1}}})
-    response = mcp.call("publish_session", {"transcript": cc_transcript()}, meta={"progressToken": "p-1"}, timeout=60)
+    response = mcp.call("publish_session", {"transcript": cc_transcript()}, meta={"progressToken": "p-1"})
     assert response["result"]["isError"] is False
     notes = [n for n in mcp.notes if n.get("method") == "notifications/progress"]
     assert 3 <= len(notes) <= a4sx_mcp.MAX_PROGRESS_NOTES
@@ -10351,8 +10560,9 @@ def test_progress_notifications_for_publish(mcp, stub, token):
     messages = [n["params"]["message"] for n in notes]
     assert any("scrub" in m for m in messages) and any("retrying in" in m for m in messages)
     assert sum("attempt" in m for m in messages) == 2
-    time.sleep(0.3)
-    assert mcp.lines.empty()  # nothing after the final response
+    seen = len(mcp.notes)
+    assert mcp.request("ping", msg_id="after")["result"] == {}
+    assert mcp.notes[seen:] == [] and mcp.lines.empty()  # nothing after the final response
 
 
 def test_progress_has_no_message_on_2024_11_05(spawn, stub, token):
@@ -10366,54 +10576,59 @@ def test_cancel_during_retry_wait_stops_the_call_without_a_response(spawn, stub,
     mcp = spawn(extra_env={"A4SX_MCP_LOG": "info"})
     stub.queue("POST /library/push", 503, {"error": {"code": "scrub_pool_busy", "details": {"retry_after_s": 30}}})
     mcp.send({"jsonrpc": "2.0", "id": "pub", "method": "tools/call",
-              "params": {"name": "publish_session", "arguments": {"transcript": cc_transcript()}}})
-    deadline = time.monotonic() + 20
-    while not stub.requests("POST /library/push") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.2)
+              "params": {"name": "publish_session", "arguments": {"transcript": cc_transcript()},
+                         "_meta": {"progressToken": "pub"}}})
+    while True:  # until the call waits to retry (its progress says so)
+        note = mcp.recv()
+        assert note.get("method") == "notifications/progress", note
+        if "retrying in" in note["params"]["message"]:
+            break
     mcp.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "pub", "reason": "x"}})
     assert mcp.request("ping", msg_id="after-cancel")["result"] == {}
-    wait_until(lambda: "tool=publish_session outcome=cancelled" in "".join(mcp.stderr), timeout=60)  # no answer
+    wait_until(lambda: "tool=publish_session outcome=cancelled" in "".join(mcp.stderr))  # no answer
     assert mcp.lines.empty() and len(stub.requests("POST /library/push")) == 1 and stub.pushes == []
     mcp.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "pub"}})  # finished
     mcp.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "never-existed"}})
     assert mcp.request("ping", msg_id="still-alive")["result"] == {}
 
 
-def test_cancel_during_a_large_scrub_kills_the_worker_and_sends_nothing(mcp, stub, token):
+def test_cancel_during_a_large_scrub_kills_the_worker_and_sends_nothing(spawn, stub, token, tmp_path, guard_dir):
+    workers, release = held_worker_env(tmp_path, guard_dir)  # its worker scrubs until the end
+    mcp = spawn(extra_env=dict(workers, A4SX_MCP_LOG="info"))
     transcript, _, _ = secret_transcript(padding=1024 * 1024)
     big = "\n".join([transcript.strip()] * 1) + "\n"
     mcp.send({"jsonrpc": "2.0", "id": 77, "method": "tools/call",
               "params": {"name": "publish_session", "arguments": {"transcript": big},
                          "_meta": {"progressToken": 77}}})
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:  # wait until the scrub has started
+    while True:  # until the scrub has started
         message = mcp.recv()
         if message.get("method") == "notifications/progress" and "scrub" in message["params"]["message"]:
             break
+
+    def children():
+        return subprocess.run(["pgrep", "-P", str(mcp.proc.pid)], capture_output=True, text=True).stdout.split()
+    wait_until(children)  # its scrub worker is up
     mcp.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 77}})
     assert mcp.request("ping", msg_id="p")["result"] == {}
-    deadline = time.monotonic() + 15  # the worker may still be starting on a loaded machine: it goes once up
-    while True:
-        children = subprocess.run(["pgrep", "-P", str(mcp.proc.pid)], capture_output=True, text=True).stdout.split()
-        if not children or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    assert children == []  # the scrub worker is gone
-    time.sleep(0.5)
+    wait_until(lambda: not children())  # the scrub worker is gone
+    wait_until(lambda: "tool=publish_session outcome=cancelled" in "".join(mcp.stderr))  # the call has ended
     assert mcp.lines.empty() and stub.requests() == []
+    release.write_text("")
 
 
 def test_slow_call_does_not_delay_other_requests(mcp, stub, token):
-    stub.queue("GET /library/sessions", delay=3.0, status=None)
+    held = threading.Event()
+    stub.queue("GET /library/sessions", status=None, hold=held)  # slow: answered once released
     mcp.send({"jsonrpc": "2.0", "id": "slow", "method": "tools/call",
               "params": {"name": "search_sessions", "arguments": {"scope": "library"}}})
-    time.sleep(0.2)
-    started = time.monotonic()
-    assert "result" in mcp.request("tools/list", msg_id="fast")
-    stub.listings["l-1"] = listing("l-1")
-    assert mcp.tool("search_sessions", {})[0]["items"][0]["id"] == "l-1"
-    assert time.monotonic() - started < 2.0
+    try:
+        wait_until(lambda: stub.requests("GET /library/sessions"))
+        assert "result" in mcp.request("tools/list", msg_id="fast")
+        stub.listings["l-1"] = listing("l-1")
+        assert mcp.tool("search_sessions", {})[0]["items"][0]["id"] == "l-1"
+        assert not [m for m in mcp.notes if m.get("id") == "slow"]  # answered while the slow call waits
+    finally:
+        held.set()
     assert "result" in mcp.wait_for("slow")
 
 
@@ -10467,7 +10682,7 @@ def test_a_request_whose_worker_fails_is_answered_once(monkeypatch):
              {"jsonrpc": "2.0", "id": 3, "method": "resources/list", "params": {}}]
     for message in lines:
         server.handle_line(json.dumps(message).encode())
-    assert server.pool.wait_idle(10)
+    assert server.pool.wait_idle(HANG_S)
     answers = {m["id"]: m for m in out}
     assert sorted(answers) == [1, 2, 3] and len(out) == 3, out
     assert answers[2]["error"] == answers[3]["error"] == {"code": -32603, "message": "Internal error"}
@@ -10886,9 +11101,13 @@ def _hostile_jsonrpc_run(spawn, stub, n_messages, n_oversized, seed, boundary=Fa
         null_high += high
 
     def drain():
-        reader.wait_for(expected, timeout=60)
-        time.sleep(0.3)
-        reader.poll()
+        """Every answer expected, then a ping's: the id-null errors of the lines before it are written
+        before its answer (the stdin loop writes them as it reads each line)."""
+        reader.wait_for(expected)
+        marker = "drained-%d" % sum(expected.values())
+        expected[id_key(marker)] += 1
+        proc.send({"jsonrpc": "2.0", "id": marker, "method": "ping"})
+        reader.wait_for(expected)
 
     # warm-up: every path once (the SDK import, the pool's threads, one oversized line), then a slice
     warm = [to_json(gen.good_request("tools/call")).encode("utf-8", "surrogatepass") for _ in range(40)]
@@ -10991,7 +11210,7 @@ def test_rss_is_bounded_with_the_default_allocator_soak(spawn, stub):
             assert "result" in proc.call("search_sessions", {"query": "x" * (3 << 20)})
         proc.send_raw(b'{"jsonrpc":"2.0","id":"big","method":"ping","params":{"pad":"'
                       + b"p" * (a4sx_mcp.MAX_LINE_BYTES + 1) + b'"}}\n')
-        assert proc.wait_for("big", timeout=60)["error"]["code"] == -32600
+        assert proc.wait_for("big")["error"]["code"] == -32600
         for i in range(200):
             assert "result" in proc.call("search_sessions", {"limit": 1 + i % 50})
         levels.append(settle_status(proc.proc.pid, 0.5)["rss_kib"])
@@ -11011,12 +11230,17 @@ def test_load_10k_sequential_and_1k_concurrent_calls_soak(spawn, stub, token):
         stub.listings["load-%02d" % i] = listing("load-%02d" % i, title="load test %d" % i)
     proc = spawn(extra_env=dict(PINNED_MALLOC, A4SX_MCP_PER_MIN="0"))
     pid = proc.proc.pid
-    # warm-up: every pool thread started (8 slow calls at once), every tool once, a few hundred requests
+    # warm-up: every pool thread started (TOOL_WORKERS calls held at once), every tool once, a few hundred requests
+    held = threading.Event()
     for _ in range(a4sx_mcp.TOOL_WORKERS):
-        stub.queue("GET /memory/discover", status=None, delay=0.3)
+        stub.queue("GET /memory/discover", status=None, hold=held)
     for i in range(a4sx_mcp.TOOL_WORKERS):
         proc.send({"jsonrpc": "2.0", "id": "warm-%d" % i, "method": "tools/call",
                    "params": {"name": "search_sessions", "arguments": {}}})
+    try:
+        wait_until(lambda: len(stub.requests("GET /memory/discover")) == a4sx_mcp.TOOL_WORKERS)
+    finally:
+        held.set()
     gather(proc, ["warm-%d" % i for i in range(a4sx_mcp.TOOL_WORKERS)])
     for name, arguments, _ in FAULT_CALLS:
         proc.tool(name, arguments)
@@ -11252,7 +11476,7 @@ def start_demo(*options, env=None):
 
 def stop_demo(demo):
     demo.terminate()  # SIGTERM, as `kill` or a closed terminal ends it
-    code = demo.wait(10)
+    code = demo.wait(HANG_S)
     assert code == 0 or not ON_POSIX  # Windows: terminate() is TerminateProcess, exit status 1, no handler runs
 
 
@@ -11298,7 +11522,7 @@ def test_offline_demo_drives_all_five_tools(tmp_path):
         assert proc.close() == 0
     finally:
         demo.terminate()
-        demo.wait(10)
+        demo.wait(HANG_S)
 
 
 @POSIX_MODES
@@ -11610,17 +11834,20 @@ def test_the_sdk_is_not_imported_for_the_handshake_or_public_reads(stub):
                      b'{"jsonrpc":"2.0","id":2,"method":"tools/list"}',
                      b'{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"search_sessions"}}'):
             server.handle_line(line)
-        server.pool.wait_idle(20)
+        server.pool.wait_idle(120)
         print(json.dumps({"answers": len(out), "sdk": sorted(m for m in sys.modules if m.split(".")[0] == "a4sx")}))
     ''')
-    done = subprocess.run([sys.executable, "-c", code, stub.base], capture_output=True, text=True, timeout=60, cwd=HERE)
+    done = subprocess.run([sys.executable, "-c", code, stub.base], capture_output=True, text=True, timeout=HANG_S,
+                          cwd=HERE)
     report = json.loads(done.stdout)
     assert report == {"answers": 3, "sdk": []}
 
 
-def test_a_large_publish_does_not_hold_up_the_loop(mcp, stub, token):
+def test_a_large_publish_does_not_hold_up_the_loop(spawn, stub, token, tmp_path, guard_dir):
     """Functional check (the benchmark measures the latency): while a 2 MiB transcript is being
-    scrubbed, tools/list and a public search still answer promptly."""
+    scrubbed (its worker holds its batch here until the end), tools/list and a public search answer."""
+    workers, release = held_worker_env(tmp_path, guard_dir)
+    mcp = spawn(extra_env=workers)
     padding = "lorem ipsum dolor " * 100
     records = [claude_record("user", "key sk-ant-api03-%s %s" % (secrets.token_hex(20), padding), session_id="big")
                for _ in range(1000)]
@@ -11634,17 +11861,12 @@ def test_a_large_publish_does_not_hold_up_the_loop(mcp, stub, token):
         if message.get("method") == "notifications/progress" and "scrub" in message["params"]["message"]:
             break
     stub.listings["l-1"] = listing("l-1")
-    worst = 0.0
     for i in range(20):
-        started = time.monotonic()
         assert "result" in mcp.request("tools/list", msg_id="list-%d" % i)
-        worst = max(worst, time.monotonic() - started)
-        time.sleep(0.02)
-    started = time.monotonic()
     assert mcp.tool("search_sessions", {})[0]["items"][0]["id"] == "l-1"
-    worst = max(worst, time.monotonic() - started)
-    assert worst < 0.5, worst
-    response = mcp.wait_for("big", timeout=120)
+    assert not [m for m in mcp.notes if m.get("id") == "big"]  # answered while it scrubs
+    release.write_text("")
+    response = mcp.wait_for("big")
     assert response["result"]["isError"] is False
 
 
@@ -11811,7 +12033,7 @@ def test_publish_session_joins_a_save_in_flight_only_with_the_same_options(spawn
                                                          "parent": "lib-theirs"})
         same, _ = saving_call(proc, "publish_session", {"transcript": transcript})
         assert {first["status"], other["status"], same["status"]} == {"saving"}
-        assert "waiting for the save of this session" in other["stage"], other
+        stage_reached(proc, other, lambda stage: "waiting for the save of this session" in stage)
     finally:
         held.set()
     done = {name: finish_save(proc, answer["save_id"])[0] for name, answer in
@@ -11850,6 +12072,20 @@ def test_a_save_recorded_stopped_by_a_signal_never_opens_its_upload(stub, token,
     with pytest.raises(a4sx_mcp.Cancelled):
         server.saves.sending(save)
     assert save.sent is False and ended_records(env, stub)[save.id]["outcome"] == "stopped"
+    save.done.set()
+    # the record comes first, before any wait: written while the grace for an upload in flight still runs
+    uploading, unsent = a4sx_mcp.Save("publish_session"), a4sx_mcp.Save("publish_session")
+    uploading.sent, unsent.key = True, "sha256:" + "1" * 64
+    with server.saves.lock:
+        server.saves.by_id.update({uploading.id: uploading, unsent.id: unsent})
+    ending = threading.Thread(target=server.saves.end, args=(HANG_S,), daemon=True)
+    ending.start()
+    wait_until(lambda: unsent.id in ended_records(env, stub))
+    assert ending.is_alive() and ended_records(env, stub)[unsent.id]["outcome"] == "stopped"
+    uploading.done.set()
+    unsent.done.set()
+    ending.join(HANG_S)
+    assert not ending.is_alive() and uploading.id not in ended_records(env, stub)
 
 
 def test_a_kept_preview_expires_and_is_closed(monkeypatch):
