@@ -1419,6 +1419,28 @@ def claude_finished(rc, out, trap, ctx):
     return final
 
 
+def claude_rig(tmp_path, stub, env=None, shared_home=False):
+    """The real Claude Code CLI's offline rig: ``(claude, home, work, srv, mcp_config)``: its HOME and
+    working folder, this server through the relay (signed in through ``env``'s config dir; with
+    ``shared_home``, in Claude Code's HOME, whose session files it reads), the MCP config naming it.
+    Skipped (a failure under $CI) without the CLI."""
+    claude = CC_NODE_MODULES / ".bin" / "claude"
+    if not claude.exists():
+        _interop_missing("%s not found (npm install @anthropic-ai/claude-code)" % claude)
+    home, work = tmp_path / "claude-home", tmp_path / "claude-work"
+    home.mkdir()
+    work.mkdir()
+    srv = _InteropServer(tmp_path, stub.base)
+    if env is not None:
+        srv.env["A4SX_CONFIG_DIR"] = str(env["cfg"])  # where the token fixture signed in
+    if shared_home:
+        srv.env["HOME"] = str(home)
+    mcp_config = tmp_path / "mcp.json"
+    mcp_config.write_text(json.dumps({"mcpServers": {"a4sx": {
+        "type": "stdio", "command": srv.command, "args": srv.args, "env": srv.env}}}))
+    return claude, home, work, srv, mcp_config
+
+
 def _claude_offline_env(home, api, trap):
     """The whole environment of the claude process: nothing inherited but PATH."""
     return {
@@ -1436,23 +1458,12 @@ def _claude_offline_env(home, api, trap):
 def _cc_wire(srv):
     """From the relay's wire log: the client's first request, and the tools/call results the server
     wrote, in order, as (tool name, result)."""
-    first, calls, results = None, {}, []
-    for line in srv._read(srv.wire, 10 ** 8).splitlines():
-        parts = line.split(None, 2)
-        if len(parts) != 3 or parts[1] not in ("->", "<-"):
-            continue
-        try:
-            message = json.loads(parts[2])
-        except ValueError:
-            continue
-        key = json.dumps(message.get("id"))
-        if parts[1] == "->":
-            first = first or message
-            if message.get("method") == "tools/call":
-                calls[key] = message["params"]["name"]
-        elif key in calls and "result" in message:
-            results.append((calls[key], message["result"]))
-    return first or {}, results
+    messages = srv.messages()
+    calls = {json.dumps(m.get("id")): m["params"]["name"] for _, way, m in messages
+             if way == "->" and m.get("method") == "tools/call"}
+    results = [(calls[json.dumps(m.get("id"))], m["result"]) for _, way, m in messages
+               if way == "<-" and json.dumps(m.get("id")) in calls and "result" in m]
+    return next((m for _, way, m in messages if way == "->" and m), {}), results
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1510,18 +1521,11 @@ class SubagentModelApi(FakeModelApi):
 def _cc_call_times(srv):
     """From the relay's wire log: ``{request id: (tool, _meta, seconds from request to result)}``."""
     asked, out = {}, {}
-    for line in srv._read(srv.wire, 10 ** 8).splitlines():
-        parts = line.split(None, 2)
-        if len(parts) != 3 or parts[1] not in ("->", "<-"):
-            continue
-        try:
-            message, at = json.loads(parts[2]), float(parts[0])
-        except ValueError:
-            continue
+    for at, way, message in srv.messages():
         key = json.dumps(message.get("id"))
-        if parts[1] == "->" and message.get("method") == "tools/call":
+        if way == "->" and message.get("method") == "tools/call":
             asked[key] = (message["params"]["name"], message["params"].get("_meta") or {}, at)
-        elif parts[1] == "<-" and key in asked and "result" in message:
+        elif way == "<-" and key in asked and "result" in message:
             name, meta, start = asked[key]
             out[key] = (name, meta, at - start)
     return out
@@ -1648,25 +1652,6 @@ def _toml(value):
     if isinstance(value, list):
         return "[%s]" % ",".join(_toml(v) for v in value)
     return json.dumps(str(value))
-
-
-def _wire_call_seconds(srv, tool):
-    """How long the relay saw tools/call ``tool`` take, request line to result line (seconds)."""
-    sent, key = {}, None
-    for line in srv._read(srv.wire, 10 ** 8).splitlines():
-        parts = line.split(None, 2)
-        if len(parts) != 3 or parts[1] not in ("->", "<-"):
-            continue
-        try:
-            at, message = float(parts[0]), json.loads(parts[2])
-        except ValueError:
-            continue
-        if parts[1] == "->" and message.get("method") == "tools/call" and message["params"].get("name") == tool:
-            key = json.dumps(message.get("id"))
-            sent[key] = at
-        elif parts[1] == "<-" and key is not None and json.dumps(message.get("id")) == key and "result" in message:
-            return at - sent[key]
-    return None
 
 
 # =============================================================================================
@@ -5050,19 +5035,9 @@ def test_an_error_result_names_its_code_in_the_text_and_the_log(spawn, stub, env
 @pytest.mark.parametrize("negotiation", ["default", "legacy"])  # legacy: forces Claude Code's initialize handshake
 @POSIX_AGENT_CLIS
 def test_claude_code_hands_the_model_the_framed_structured_copy(env, stub, token, tmp_path, negotiation):
-    claude = CC_NODE_MODULES / ".bin" / "claude"
-    if not claude.exists():
-        _interop_missing("%s not found (npm install @anthropic-ai/claude-code)" % claude)
+    claude, home, work, srv, mcp_config = claude_rig(tmp_path, stub, env)
     stub_server.seed_demo(stub)
     _cc_seed_large(stub)
-    srv = _InteropServer(tmp_path, stub.base)
-    srv.env["A4SX_CONFIG_DIR"] = str(env["cfg"])  # where the token fixture signed in
-    mcp_config = tmp_path / "mcp.json"
-    mcp_config.write_text(json.dumps({"mcpServers": {"a4sx": {
-        "type": "stdio", "command": srv.command, "args": srv.args, "env": srv.env}}}))
-    home, work = tmp_path / "claude-home", tmp_path / "claude-work"
-    home.mkdir()
-    work.mkdir()
     debug_log = tmp_path / "claude-debug.log"
     api, trap = FakeModelApi(CC_CALLS), ProxyTrap()
     cmd = [str(claude), "-p", "Use the a4sx tools.", "--output-format", "json", "--model", "claude-sonnet-4-5",
@@ -7394,32 +7369,41 @@ def test_quitting_like_claude_code_during_an_upload_leaves_the_truth_on_disk(spa
     assert len(stub.requests("POST /library/push")) == 1
 
 
+def saves_beside_one_in_flight(spawn, stub, tool, plain, meanwhile=dict):
+    """``(answers, results)`` by name: ``plain`` saved by ``tool`` ("first", its upload held), then with
+    another label and a parent holding another author's content ("other"), then again ("same"), then
+    what ``meanwhile()`` names (name: arguments), all while the first is in flight; each answered
+    saving, "other" waiting for the first. Then the upload is let go and each save followed to its end."""
+    stub.library.append(library_row("lib-theirs", acquired_from={"id": "pub-1"}))
+    proc = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "1"})
+    held = threading.Event()
+    stub.queue("POST /library/push", None, hold=held)
+    try:
+        answers = {"first": saving_call(proc, tool, plain)[0]}
+        wait_until(lambda: stub.pushes)
+        answers["other"] = saving_call(proc, tool, dict(plain, label="mine", parent="lib-theirs"))[0]
+        answers["same"] = saving_call(proc, tool, plain)[0]
+        answers.update((name, saving_call(proc, tool, arguments)[0]) for name, arguments in meanwhile().items())
+        assert {answer["status"] for answer in answers.values()} == {"saving"}, answers
+        stage_reached(proc, answers["other"], lambda stage: "waiting for the save of this session" in stage)
+    finally:
+        held.set()
+    return answers, {name: finish_save(proc, answer["save_id"])[0] for name, answer in answers.items()}
+
+
 def test_a_save_joins_one_in_flight_only_with_the_same_options_and_the_same_bytes(spawn, stub, token, env):
     """A second save of the session in flight with another label and a parent holding another
     author's content is its own save after the first (its options sent, untrusted); a save after the
     session grew waits, then uploads the new turns as a new version; only the same options and the
     same bytes join, and that result says joined."""
-    stub.library.append(library_row("lib-theirs", acquired_from={"id": "pub-1"}))
     sid, path = claude_session(env, [claude_record("user", "save me while I grow")])
-    proc = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "1"})
-    held = threading.Event()
-    stub.queue("POST /library/push", None, hold=held)
-    try:
-        first, _ = saving_call(proc, "publish_local_session", {"session": sid})
-        wait_until(lambda: stub.pushes)
-        other, _ = saving_call(proc, "publish_local_session", {"session": sid, "label": "mine",
-                                                               "parent": "lib-theirs"})
-        same, _ = saving_call(proc, "publish_local_session", {"session": sid})
+
+    def grow():
         with open(path, "ab") as f:
             f.write(claude_jsonl([claude_record("assistant", "a turn written meanwhile", session_id=sid)]))
-        grown, _ = saving_call(proc, "publish_local_session", {"session": sid})
-        assert {first["status"], other["status"], same["status"], grown["status"]} == {"saving"}
-        assert len({first["save_id"], other["save_id"], same["save_id"], grown["save_id"]}) == 4
-        stage_reached(proc, other, lambda stage: "waiting for the save of this session" in stage)
-    finally:
-        held.set()
-    done = {name: finish_save(proc, answer["save_id"])[0] for name, answer in
-            (("first", first), ("other", other), ("same", same), ("grown", grown))}
+        return {"grown": {"session": sid}}
+    answers, done = saves_beside_one_in_flight(spawn, stub, "publish_local_session", {"session": sid}, grow)
+    assert len({answer["save_id"] for answer in answers.values()}) == 4
     assert all(d["status"] == "saved" for d in done.values()), done
     assert done["same"]["joined"] is True and done["same"]["library_id"] == done["first"]["library_id"]
     assert "joined" not in done["other"] and "joined" not in done["grown"]
@@ -8355,19 +8339,9 @@ def test_save_session_prompt_completes_this_project_s_session_ids(spawn, env, ve
 @pytest.mark.parametrize("case", sorted(CC_SAVE_CALLS))
 @POSIX_AGENT_CLIS
 def test_claude_code_saves_its_own_session(env, stub, token, tmp_path, spawn, case):
-    claude = CC_NODE_MODULES / ".bin" / "claude"
-    if not claude.exists():
-        _interop_missing("%s not found (npm install @anthropic-ai/claude-code)" % claude)
+    claude, home, work, srv, mcp_config = claude_rig(tmp_path, stub, env, shared_home=True)
     stub_server.seed_demo(stub)
     calls = CC_SAVE_CALLS[case]
-    home, work = tmp_path / "claude-home", tmp_path / "claude-work"
-    home.mkdir()
-    work.mkdir()
-    srv = _InteropServer(tmp_path, stub.base)
-    srv.env.update(HOME=str(home), A4SX_CONFIG_DIR=str(env["cfg"]))  # Claude Code's HOME; signed in
-    mcp_config = tmp_path / "mcp.json"
-    mcp_config.write_text(json.dumps({"mcpServers": {"a4sx": {
-        "type": "stdio", "command": srv.command, "args": srv.args, "env": srv.env}}}))
     debug_log = tmp_path / "claude-debug.log"
     api, trap = FakeModelApi(calls), ProxyTrap()
     cmd = [str(claude), "-p", "Save this session with a4sx.", "--output-format", "json", "--model", "claude-sonnet-4-5",
@@ -8433,18 +8407,8 @@ def test_claude_code_subagent_saves_the_session_it_belongs_to(env, stub, token, 
     """Live, with the real Claude Code: a subagent (the Task tool) loads another author's session and
     then calls publish_local_session; its tool use id is only in the subagent's file, and the session
     it belongs to is saved (its own file's bytes, scrubbed), untrusted."""
-    claude = CC_NODE_MODULES / ".bin" / "claude"
-    if not claude.exists():
-        _interop_missing("%s not found (npm install @anthropic-ai/claude-code)" % claude)
+    claude, home, work, srv, mcp_config = claude_rig(tmp_path, stub, env, shared_home=True)
     stub_server.seed_demo(stub)
-    home, work = tmp_path / "claude-home", tmp_path / "claude-work"
-    home.mkdir()
-    work.mkdir()
-    srv = _InteropServer(tmp_path, stub.base)
-    srv.env.update(HOME=str(home), A4SX_CONFIG_DIR=str(env["cfg"]))
-    mcp_config = tmp_path / "mcp.json"
-    mcp_config.write_text(json.dumps({"mcpServers": {"a4sx": {
-        "type": "stdio", "command": srv.command, "args": srv.args, "env": srv.env}}}))
     api, trap = SubagentModelApi([("fetch_session_context", {"id": "lib-demo-acquired"}),
                                   ("publish_local_session", {})]), ProxyTrap()
     cmd = [str(claude), "-p", SubagentModelApi.MAIN, "--output-format", "json", "--model", "claude-sonnet-4-5",
@@ -8527,12 +8491,7 @@ def test_claude_code_finds_the_session_the_user_describes_and_saves_it(env, stub
     scripted model asks list_local_sessions for the phrase, reads the id from the tool result inside its
     envelope, and saves that session by id: one push, the whole file of that session, scrubbed; the model
     reads saved."""
-    claude = CC_NODE_MODULES / ".bin" / "claude"
-    if not claude.exists():
-        _interop_missing("%s not found (npm install @anthropic-ai/claude-code)" % claude)
-    home, work = tmp_path / "claude-home", tmp_path / "claude-work"
-    home.mkdir()
-    work.mkdir()
+    claude, home, work, srv, mcp_config = claude_rig(tmp_path, stub, env, shared_home=True)
     folder = home / ".claude" / "projects" / re.sub(r"[^A-Za-z0-9]", "-", os.path.realpath(str(work)))
     folder.mkdir(parents=True)
     said = 'Plain answer: she traced the "ghost cursor" flicker\nto a stale font cache.'
@@ -8552,11 +8511,6 @@ def test_claude_code_finds_the_session_the_user_describes_and_saves_it(env, stub
         seeded[name] = (sid, data)
     target, target_data = seeded["target"]
     assert b'the \\"ghost cursor\\" flicker\\nto a stale' in target_data  # only escapes spell the phrase
-    srv = _InteropServer(tmp_path, stub.base)
-    srv.env.update(HOME=str(home), A4SX_CONFIG_DIR=str(env["cfg"]))  # Claude Code's HOME; signed in
-    mcp_config = tmp_path / "mcp.json"
-    mcp_config.write_text(json.dumps({"mcpServers": {"a4sx": {
-        "type": "stdio", "command": srv.command, "args": srv.args, "env": srv.env}}}))
     api, trap = SessionFinderApi('"ghost cursor" flicker to a stale font cache'), ProxyTrap()
     cmd = [str(claude), "-p", api.ASK, "--output-format", "json", "--model", "claude-sonnet-4-5",
            "--mcp-config", str(mcp_config), "--strict-mcp-config",
@@ -8691,7 +8645,7 @@ def test_codex_saves_its_own_session(env, stub, token, spawn, tmp_path, case):
     if case == "tainted":
         marked = json.loads((env["cfg"] / "untrusted.json").read_text())[stub.base]
         assert saved["library_id"] in marked, marked
-    seconds = _wire_call_seconds(srv, "publish_local_session")
+    seconds = next((s for name, _, s in _cc_call_times(srv).values() if name == "publish_local_session"), None)
 
     mcp = spawn()
     again, _, is_error = mcp.tool("publish_session", {"transcript": final.decode()})
@@ -9848,32 +9802,20 @@ def test_claude_code_runs_the_load_session_prompt_as_a_slash_command(stub, tmp_p
     """Claude Code (print mode, a scripted model API on 127.0.0.1) expands /mcp__a4sx__load_session
     through prompts/get and hands the model our fixed lead plus the framed session. Uses the Claude
     Code harness (FakeModelApi, ProxyTrap, _claude_offline_env)."""
-    harness = globals()
-    if not all(name in harness for name in ("FakeModelApi", "ProxyTrap", "_claude_offline_env", "CC_NODE_MODULES")):
-        pytest.skip("needs the Claude Code end-to-end harness")
-    claude = harness["CC_NODE_MODULES"] / ".bin" / "claude"
-    if not claude.exists():
-        _interop_missing("%s not found (npm install @anthropic-ai/claude-code)" % claude)
+    claude, home, work, srv, config = claude_rig(tmp_path, stub)
     token = stub_server.seed_demo(stub)
-    srv = _InteropServer(tmp_path, stub.base)
     creds = tmp_path / "a4sx-config" / "credentials.json"
     creds.write_text(json.dumps({stub.base: token}))
     os.chmod(creds, 0o600)
     bodies = []
 
-    class RecordingApi(harness["FakeModelApi"]):
+    class RecordingApi(FakeModelApi):
         def _turn(self, body, entry):
             bodies.append(body)
             return super()._turn(body, entry)
 
-    config = tmp_path / "mcp.json"
-    config.write_text(json.dumps({"mcpServers": {"a4sx": {"type": "stdio", "command": srv.command,
-                                                           "args": srv.args, "env": srv.env}}}))
-    home, work = tmp_path / "claude-home", tmp_path / "claude-work"
-    home.mkdir()
-    work.mkdir()
-    api, trap = RecordingApi([]), harness["ProxyTrap"]()
-    environ = harness["_claude_offline_env"](home, api, trap)
+    api, trap = RecordingApi([]), ProxyTrap()
+    environ = _claude_offline_env(home, api, trap)
     if negotiation == "legacy":
         environ["MCP_PROTOCOL_NEGOTIATION"] = "legacy"
     try:
@@ -12021,23 +11963,7 @@ def test_publish_session_joins_a_save_in_flight_only_with_the_same_options(spawn
     another label and a parent holding another author's content is its own save after the first (its
     options sent, untrusted), never joined; the same arguments join (a mutant that joined
     regardless of options survived)."""
-    stub.library.append(library_row("lib-theirs", acquired_from={"id": "pub-1"}))
-    proc = spawn(extra_env={"A4SX_MCP_ANSWER_WITHIN_S": "1"})
-    transcript = cc_transcript("join-options")
-    held = threading.Event()
-    stub.queue("POST /library/push", None, hold=held)
-    try:
-        first, _ = saving_call(proc, "publish_session", {"transcript": transcript})
-        wait_until(lambda: stub.pushes)
-        other, _ = saving_call(proc, "publish_session", {"transcript": transcript, "label": "mine",
-                                                         "parent": "lib-theirs"})
-        same, _ = saving_call(proc, "publish_session", {"transcript": transcript})
-        assert {first["status"], other["status"], same["status"]} == {"saving"}
-        stage_reached(proc, other, lambda stage: "waiting for the save of this session" in stage)
-    finally:
-        held.set()
-    done = {name: finish_save(proc, answer["save_id"])[0] for name, answer in
-            (("first", first), ("other", other), ("same", same))}
+    _, done = saves_beside_one_in_flight(spawn, stub, "publish_session", {"transcript": cc_transcript("join-options")})
     assert done["same"]["joined"] is True and "joined" not in done["other"], done
     assert done["first"]["untrusted"] is False and done["other"]["untrusted"] is True, done
     sent = stub.requests("POST /library/push")
