@@ -6,8 +6,9 @@ Stdlib only (Python 3.9+), bound to 127.0.0.1, synthetic data only. Every reques
 route was ever called), and canned answers can be queued per route to simulate busy servers, lost
 answers, slow, trickled, stalled or flooding answers, redirects and broken bodies. It speaks
 HTTP/1.1 with keep-alive (``close_each=True``: one answer per connection, as HTTP/1.0 servers do),
-counts the connections it accepts (``Stub.connections``), closes connections idle longer than
-``idle_close`` seconds, and serves TLS when given a server ``ssl.SSLContext``.
+counts the connections it accepts (``Stub.connections``) and ends (``Stub.closed``), closes
+connections idle longer than ``idle_close`` seconds, and serves TLS when given a server
+``ssl.SSLContext``.
 
     python stub_server.py [--port N] [--token-file PATH]   # serve an empty API
     python stub_server.py --demo [--port N] [--state DIR] [--reset]   # a small synthetic marketplace
@@ -160,6 +161,12 @@ class _Server(ThreadingHTTPServer):
             sock = self.stub.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
         return sock, addr
 
+    def shutdown_request(self, request):
+        """A connection's end (the client's, an idle close, ``close_each``): counted once it is closed."""
+        super().shutdown_request(request)
+        with self.stub._lock:
+            self.stub.closed += 1
+
     def handle_error(self, request, client_address):
         """Clients that hang up mid-answer (timeouts in tests) are normal; stay quiet."""
         if self.stub.verbose:
@@ -202,6 +209,7 @@ class Stub:
         self.verbose = verbose
         self.tls, self.close_each, self.idle_close = tls, close_each, idle_close
         self.connections = 0
+        self.closed = 0
         self._stop_event = threading.Event()
         self.tokens = set()
         self.listings = {}
@@ -256,7 +264,8 @@ class Stub:
             return [dict(r) for r in self.log if route is None or r["route"] == route]
 
     def queue(self, route, status=200, body=None, *, delay=0.0, drop=False, redirect=None, headers=None,
-              store=False, raw=None, cut=False, trickle=0.0, stall=False, flood=None, announce=True, hold=None):
+              store=False, raw=None, cut=False, trickle=0.0, stall=False, flood=None, announce=True, hold=None,
+              gate=None):
         """Queue one canned answer for ``route`` (FIFO). ``status=None`` with ``delay`` gives the
         normal answer, late. ``cut`` (or ``headers={"X-Cut": "1"}``) announces 100 bytes more than
         it sends, then closes. ``store`` (push only) stores the push, then answers with the canned one.
@@ -265,12 +274,14 @@ class Stub:
         ``head + unit * count + tail`` streamed without building it; ``announce=False`` sends no
         Content-Length (the body ends when the connection closes). ``hold``: a ``threading.Event`` the
         answer waits for (at most 60 s) once the request is read and, with ``store`` or
-        ``status=None``, stored: an upload held until the test releases it."""
+        ``status=None``, stored: an upload held until the test releases it. ``gate``: a
+        ``threading.Event`` the request waits for (at most 60 s) before anything else is done with it:
+        an answer late by as long as the test wants, stored (if at all) only then."""
         with self._lock:
             self._queues[route].append(dict(status=status, body=body, delay=delay, drop=drop, redirect=redirect,
                                             headers=dict(headers or {}), store=store, raw=raw, cut=cut,
                                             trickle=trickle, stall=stall, flood=flood, announce=announce,
-                                            hold=hold))
+                                            hold=hold, gate=gate))
 
     def clear_queue(self):
         with self._lock:
@@ -318,6 +329,8 @@ class Stub:
         if canned is None:
             status, body = self._answer(rec, route, path, query, headers)
             return self._send(h, rec, status, body)
+        if canned["gate"] is not None:
+            canned["gate"].wait(60)
         if canned["delay"]:
             time.sleep(canned["delay"])
         if canned["drop"]:

@@ -531,6 +531,31 @@ def search_framing_cpu(stub, rounds):
     return out
 
 
+def edges_measure(rng, mode, env):
+    """Two times the test suite no longer asserts (a test waits on events, never on the clock): the
+    library search's ranking over 2,000 rows (in this process), and a page of 50 listings whose
+    descriptions are 75 KB each, end to end (the page that once cost ~27 s of CPU: fixed in 947e4e9)."""
+    import a4sx_mcp
+
+    rows = [{"id": "s-%d" % i, "title": words(rng, 5), "label": "l%d" % i, "description": words(rng, 40),
+             "summary": words(rng, 60), "tags": words(rng, 3).split()} for i in range(2000)]
+    ranking = [timed(a4sx_mcp.ranked, rows, query, "relevance") for _ in range(mode["reps"])
+               for query in ("parser config cache retry", "parser", "naive facade", "nomatch")]
+    stub = Stub()
+    stub.listings.update(("h-%02d" % i, listing("h-%02d" % i, description="word " * 15000)) for i in range(50))
+    srv = Server(env, stub.base)
+    try:
+        srv.handshake()
+        page = [srv.call("search_sessions", {"limit": 50})[0] for _ in range(mode["reps"])]
+    finally:
+        srv.close()
+        stub.stop()
+    return [Row("library search ranking, 2,000 rows (in process, per query)", ranking, "ms", 0.5, "<= 500 ms",
+                mode["time_margin"], note="well under a round trip: it runs on every library search"),
+            Row("search_sessions limit 50, 75 KB descriptions: end to end", page, "ms", 5.0, "<= 5 s",
+                mode["time_margin"], note="each description clipped before it is escaped (bounded())")]
+
+
 def measure(mode, data, stub, token, env):
     """Every sample, by measurement name, from interleaved rounds over three servers (one per phase,
     so their memory stays apart) and fresh spawns for the cold starts."""
@@ -1218,6 +1243,7 @@ def main():
     finally:
         stub.stop()
     rows = [r for r in rows_of(samples, mode, data) if r.samples]
+    rows += edges_measure(random.Random(opts.seed), mode, env)
     print("one big line: a fresh server per shape and tool, peak RSS of the whole process (VmHWM)", flush=True)
     rows += line_measure(random.Random(opts.seed))
     print()
