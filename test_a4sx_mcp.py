@@ -4,6 +4,8 @@ tools run against ``stub_server.py`` on 127.0.0.1. Offline: a guard fails any te
 connects to a non-loopback address, in this process and in every server process it spawns.
 
 Run: ``pytest -q`` (the long soak tests are marked ``soak``; ``pytest -q -m 'not soak'`` skips them).
+The file follows a4sx_mcp.py: a section per area, each marked (``pytest -m save`` runs the save
+pipeline's tests; the areas are pyproject.toml's markers), helpers used by several areas first.
 """
 
 import base64
