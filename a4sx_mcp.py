@@ -1878,7 +1878,7 @@ _RECORD = json.JSONDecoder(strict=False)
 
 
 def parse_record(line):
-    """One JSONL record, or None when the line is not JSON."""
+    """Parse one JSONL record leniently (``_RECORD``); None when it is not JSON or too deep."""
     try:
         return _RECORD.decode(line)
     except (ValueError, RecursionError):
@@ -1904,8 +1904,9 @@ _NOT_STRUCTURE = bytes(byte for byte in range(256) if bytes((byte,)) not in b'{[
 
 
 def _parse(held):
-    """The body (the only item of ``held``) as JSON, ``{}`` when it is not JSON. Refused
-    (``NetworkError``) when parsing could allocate more than ``PARSE_BUDGET`` times its size."""
+    """Parse an answer's body, the only item of ``held`` (taken out: it is held once), as JSON;
+    ``{}`` when empty or not JSON. Raises ``NetworkError`` when parsing could allocate more than
+    ``PARSE_BUDGET`` times its size plus 64 KiB (``over_parse_budget``)."""
     payload = held.pop()
     size = len(payload)
     if not size:
@@ -1929,18 +1930,18 @@ def _parse(held):
 
 
 def over_parse_budget(size, cost, escapes, text):
-    """The shape check: True when parsing ``text`` (decoded from ``size`` bytes whose structure
-    costs ``cost``; ``escapes``: they hold a ``\\u``) could allocate more than PARSE_BUDGET times
-    ``size`` plus 64 KiB."""
+    """The shape check: whether parsing ``text`` (decoded from ``size`` bytes whose structure costs
+    ``cost``; ``escapes``: they hold a ``\\u``) could allocate more than ``PARSE_BUDGET`` times
+    ``size`` plus 64 KiB. An upper bound on CPython 3.11: a shape near the budget may be refused."""
     return (sys.getsizeof(text) + strings_bound(text, escapes) + cost
             > PARSE_BUDGET * size + 64 * KiB)
 
 
 def parse_within_budget(data, structural=None):
-    """A record an answer carried inside it (a fetched session's ``canonical.json`` or one JSONL
-    line, decoded from base64) parsed like ``parse_record``, or None when the shape check refuses
-    it: the content parsed again is held to the answer's bound. ``structural``: how many of its
-    bytes are ``PARSE_COST``'s, when the caller counted them (``lines_and_structure``)."""
+    """Parse a record an answer carried (a fetched session's ``canonical.json`` or one JSONL line,
+    decoded from base64) like ``parse_record``; None when the shape check refuses it, so parsing it
+    again stays within the answer's bound. ``structural``: how many of its bytes are
+    ``PARSE_COST``'s, when the caller counted them (``lines_and_structure``)."""
     text = data.decode("utf-8", "replace")
     # each at the dearest
     coarse = sys.getsizeof(text) + 4 * len(data) + DEAREST_BYTE * (structural or 0)
@@ -1956,19 +1957,18 @@ def parse_within_budget(data, structural=None):
 
 
 def strings_bound(text, escapes):
-    """The most the parsed strings' characters can take: the text's characters at its own width (no
-    string is wider than the text it comes from), or at 4 bytes when ``\\u`` escapes could spell
-    wider characters than the text holds (a surrogate pair in ASCII text makes a 4-byte string)."""
+    """Bound the bytes the parsed strings' characters take: the text's characters at its own width
+    (no string is wider than its text), or 4 bytes each when ``\\u`` escapes could spell wider
+    characters (a surrogate pair in ASCII text makes a 4-byte string)."""
     width = 4 if escapes else (sys.getsizeof(text) - sys.getsizeof(text[:0])) // max(len(text), 1)
     return width * len(text)
 
 
 def _parse_cost(payload, exact=False):
-    """``PARSE_COST`` summed over ``payload``'s structural bytes. With many quotes, every such byte
-    counts (inside strings too: an upper bound, and a fast one); with few (a fetched bundle:
-    megabytes in a few strings), or when ``exact``, only the quotes and the bytes outside strings,
-    which is exact and keeps a large bundle within the budget. Either way the count is never below
-    what parsing allocates."""
+    """Sum ``PARSE_COST`` over ``payload``'s structural bytes, never below what parsing allocates.
+    With many quotes every such byte counts, inside strings too (an upper bound, and fast); with few
+    (a fetched bundle: megabytes in a few strings), or when ``exact``, only the quotes and the bytes
+    outside strings: exact, and a large bundle stays within the budget."""
     quotes = payload.count(b'"')
     if quotes > len(payload) >> 12 and not exact:
         # performance: counted on those bytes alone
@@ -2012,15 +2012,15 @@ _WIDEST_LEAD = re.compile(b"[\xf0-\xff]")  # an astral character's first byte (o
 
 
 def line_room(file_size):
-    """The most parsing one line of a ``file_size``-byte session may allocate."""
+    """The most parsing one line of a ``file_size``-byte session may allocate: 2x it + 16 MiB."""
     return LINE_ROOM_PER_FILE_BYTE * file_size + LINE_ROOM_SLACK
 
 
 def line_over_budget(raw, room, texts=1):
-    """True when decoding the line ``raw`` (bytes; ``texts`` copies of its text) and parsing it
-    could allocate more than ``room``: its text at the widest width its bytes allow, its strings as
-    ``strings_bound`` counts them, its structure as ``_parse_cost`` does (the exact count only when
-    the fast one is over)."""
+    """Whether decoding the line ``raw`` (bytes; ``texts`` copies of its text) and parsing it could
+    allocate more than ``room``: its text at the widest width its bytes allow, its strings as
+    ``strings_bound`` counts them, its structure as ``_parse_cost`` does (exact only when the fast
+    count is over). An upper bound: a line it lets through stays within ``room``."""
     size = len(raw)
     # performance: no shape costs more
     if texts * 80 + (WORST_BYTE_COST + 4 * (texts - 1)) * size <= room:
@@ -2031,9 +2031,9 @@ def line_over_budget(raw, room, texts=1):
 
 
 def session_line(raw, room, errors="strict"):
-    """``(None, True)`` when a session's line ``raw`` is over ``room`` (``line_over_budget``: not
-    decoded, not parsed), else ``(parse_record of its text, False)``; an invalid UTF-8 line raises
-    UnicodeDecodeError unless ``errors`` is ``"replace"``."""
+    """Parse one line of a session file within ``room``: ``(parse_record of its text, False)``, or
+    ``(None, True)`` when it is over ``room`` (``line_over_budget``: neither decoded nor parsed). An
+    invalid UTF-8 line raises ``UnicodeDecodeError`` unless ``errors`` is ``"replace"``."""
     if line_over_budget(raw, room):
         return None, True
     return parse_record(raw.decode("utf-8", errors)), False
@@ -4325,6 +4325,7 @@ PUBLISH_PROPERTIES = {
 
 
 def _object(properties, required=()):
+    """A tool's input schema: an object of ``properties`` and no others, ``required`` when given."""
     schema = {"type": "object", "properties": properties, "additionalProperties": False}
     if required:
         schema["required"] = list(required)
@@ -4504,7 +4505,8 @@ _ERROR_RESULT = {"properties": {"error": {"type": "string", "pattern": "^[a-z][a
 
 
 def _output_schema(properties, required):
-    """An isError result or the tool's own result; every JSON read result starts with its notice."""
+    """A read tool's output schema: its own result (``notice`` first, ``untrusted``, then
+    ``properties``, ``required`` among them) or an error result (``_ERROR_RESULT``)."""
     props = dict({"notice": _TEXT, "untrusted": _FLAG}, **properties)
     return {"type": "object", "anyOf": [
         {"properties": props, "required": ["notice", "untrusted"] + list(required)}, _ERROR_RESULT]}
@@ -4556,15 +4558,17 @@ _PATTERNS = {}
 
 
 def _pattern(source):
-    """JSON Schema patterns are unanchored searches; ``$`` must not accept a trailing newline."""
+    """Compile a schema ``pattern`` once, as JSON Schema means it: an unanchored search whose
+    closing ``$`` accepts no trailing newline (Python's ``$`` does)."""
     if source not in _PATTERNS:
         _PATTERNS[source] = re.compile(source[:-1] + r"\Z" if source.endswith("$") else source)
     return _PATTERNS[source]
 
 
 def validate(schema, value, path):
-    """None, or ``"<path>: <problem>"`` for the first violation (the subset the tool schemas use),
-    in this file's words: schema names and constants, and an unknown property's name echoed."""
+    """Check ``value`` against ``schema`` (the subset the tool schemas use): None, or
+    ``"<path>: <problem>"`` for the first violation, in this file's words: schema names and
+    constants, and an unknown property's name echoed (``echoed_name``)."""
     kind = schema.get("type")
     if kind == "object":
         if not isinstance(value, dict):
@@ -4629,6 +4633,8 @@ def _integral_float(value):
 
 
 def with_defaults(schema, args):
+    """A call's arguments with the schema's defaults filled in, and a whole float given for an
+    integer (``10.0``) made an int."""
     out = {key: prop["default"] for key, prop in schema["properties"].items() if "default" in prop}
     out.update(args)
     for key, prop in schema["properties"].items():  # 10.0 -> 10 for integer properties
@@ -4638,7 +4644,7 @@ def with_defaults(schema, args):
 
 
 class RateLimiter:
-    """A sliding 60-second window, counted per process; a limit of 0 turns it off."""
+    """At most ``per_min`` calls in any 60 seconds (a sliding window, per process); 0: no limit."""
 
     def __init__(self, per_min, window=60.0):
         self.per_min, self.window = per_min, window
@@ -4646,7 +4652,7 @@ class RateLimiter:
         self.lock = threading.Lock()
 
     def take(self):
-        """None when allowed (and counted), else the seconds until a slot frees (≥ 1)."""
+        """Count a call: None when allowed, else the seconds (at least 1) until a slot frees."""
         if self.per_min <= 0:
             return None
         with self.lock:
@@ -4667,8 +4673,8 @@ _VERSION_LIKE = re.compile(r"^v?\d+(\.\d+){1,3}([-+][0-9A-Za-z.-]{1,40})?\Z")
 
 
 def harness_of(value):
-    """``{id, version}``: a known harness id (else ``unknown``) and a version only if it looks like
-    one."""
+    """Read an API ``harness`` field as ``{id, version}``: a known harness id, else ``unknown``,
+    and a version only when it looks like one."""
     hid = value.get("id") if isinstance(value, dict) else value
     hid = hid.strip().lower() if isinstance(hid, str) else ""
     version = value.get("version") if isinstance(value, dict) else None
@@ -4695,11 +4701,14 @@ def _tags(value, limit=12):
 
 
 def listing_url(settings, item_id, tenant):
+    """The marketplace page of listing ``item_id`` on this server, with its owner's ``tenant``."""
     url = "%s/marketplace/%s" % (settings.base, quote(_str(item_id), safe="", errors="replace"))
     return url + "?t=" + quote(tenant, safe="", errors="replace") if tenant else url
 
 
 def public_row(settings, item):
+    """A marketplace item of an answer as a result row: known fields only, each of a fixed type,
+    and its ``listing_url``."""
     harness = harness_of(item.get("harness"))
     price = item.get("price_cents")
     price = price if isinstance(price, int) and not isinstance(price, bool) else 0
@@ -4718,6 +4727,7 @@ def public_row(settings, item):
 
 
 def library_row(row):
+    """A library session of an answer as a result row: known fields only, texts as text."""
     harness = harness_of(row.get("harness"))
     return {"source": "library", "id": _str(row.get("id")), "title": _str(row.get("title")),
             "label": _str(row.get("label")), "description": _str(row.get("description")),
@@ -4744,21 +4754,21 @@ class ToolContext:
         self.save = None  # the save this context runs (``Saves.start``)
 
     def progress(self, message):
-        """A progress note: this file's Words (``say`` refuses anything else)."""
+        """Send a progress note: this file's Words only (``say`` refuses anything else)."""
         message = say("%s", message)
         if self.reporter is not None:
             self.reporter(message)
 
     def claim(self, key, exact):
-        """This save is of ``key`` (a session), with ``exact``: its options and the bytes it read.
-        It joins a save in flight of the same key and ``exact``, and stops here; it waits for one of
-        the same key with another ``exact`` (``Saves.claim``)."""
+        """Say what this save is of: ``key`` (a session) and ``exact`` (its options and the bytes
+        it read). A save in flight of the same key and ``exact`` is joined (this call stops here);
+        one of the same key with another ``exact`` is waited for (``Saves.claim``)."""
         if self.save is not None:
             self.server.saves.claim(self.save, key, exact)
 
     def sending(self, caller_key, content_sha):
-        """An upload attempt of ``content_sha`` under ``caller_key`` is about to leave (the
-        write-ahead: ``Saves.sending``); Cancelled if the call was stopped."""
+        """Record that an upload of ``content_sha`` under ``caller_key`` is about to leave (the
+        write-ahead: ``Saves.sending``); raises Cancelled if the call was stopped."""
         if self.save is not None:
             self.save.upload = {"key": caller_key, "sha": content_sha}
             self.server.saves.sending(self.save)
@@ -4766,13 +4776,13 @@ class ToolContext:
             raise Cancelled()
 
     def settled(self, outcome):
-        """What became of this save's upload, once the answer says (``Saves.record``)."""
+        """Record what became of this save's upload, once the answer says (``Saves.record``)."""
         if self.save is not None:
             self.server.saves.record(self.save, outcome)
 
     def holding(self, size):
-        """The call holds ``size`` bytes: past LARGE_CALL_BYTES the heap is trimmed afterwards (and
-        glibc's allocator is set up for big buffers first: ``_glibc``)."""
+        """Note that the call holds ``size`` bytes: past LARGE_CALL_BYTES the heap is trimmed
+        afterwards (and glibc's allocator is set up for big buffers first: ``_glibc``)."""
         self.large = size > LARGE_CALL_BYTES
         if self.large:
             _glibc()
@@ -4787,7 +4797,7 @@ class ToolContext:
         return token
 
     def account(self):
-        """Which account the sign-in is for, as ``Api.account``'s salted digest: ``token``'s checks
+        """The account the sign-in is for, as ``Api.account``'s salted digest; ``token``'s checks
         and errors, and the token is not kept."""
         return self.api.account(self.token())
 
@@ -4817,8 +4827,8 @@ class ToolContext:
         return status, body
 
     def in_background(self, fn):
-        """Runs ``fn`` on its own short-lived thread, for a request that does not depend on the
-        call's others; the returned function waits for it and returns its result or raises."""
+        """Start ``fn`` on its own short-lived thread, for a request that does not depend on the
+        call's others; the function returned waits for it and returns its result or raises."""
         out = []
 
         def run():
@@ -4839,6 +4849,7 @@ class ToolContext:
         return result
 
     def library(self):
+        """The signed-in account's library sessions (the rows that are objects)."""
         _, body = self.request("library")
         rows = body.get("sessions") if isinstance(body, dict) else None
         return [row for row in _list(rows) if isinstance(row, dict)]
@@ -4849,9 +4860,9 @@ PROGRESS_EVERY_S = 4.0
 
 
 class Ticker:
-    """``with Ticker(ctx, what):`` reports ``what`` at once, then every PROGRESS_EVERY_S how long it
-    has been running (and with ``so_far``, a function, how many bytes it did), until the step ends
-    (only when the client asked for progress)."""
+    """Report a long step's progress (``with Ticker(ctx, what):``): ``what`` at once, then every
+    PROGRESS_EVERY_S how long it has run (with ``so_far``, a function, the bytes it did too), until
+    the step ends; only when the client asked for progress."""
 
     def __init__(self, ctx, what, so_far=None):
         self.ctx, self.what, self.done, self.so_far = ctx, what, threading.Event(), so_far
@@ -4886,16 +4897,16 @@ _COMBINING_MARKS = re.compile("[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u
 
 
 def fold(text):
-    """Lower case, accents dropped (``Café`` and ``cafe`` match)."""
+    """Fold ``text`` for matching: lower case, accents dropped (``Café`` and ``cafe`` match)."""
     if text.isascii():
         return text.lower()
     return _COMBINING_MARKS.sub("", unicodedata.normalize("NFKD", text)).casefold()
 
 
 def ranked(rows, query, sort):
-    """The rows holding every word of ``query`` (in any of the rank fields), best first: the exact
-    phrase, then the words' weight (a whole word counts double, a word's start half again), then
-    ``sort`` (``recent``: newest ``updated_at``; otherwise the library's own order)."""
+    """Keep the rows holding every word of ``query`` (in any of ``RANK_FIELDS``), best first: the
+    exact phrase, then the words' weight (a whole word counts double, a word's start half again),
+    then ``sort`` (``recent``: newest ``updated_at``; otherwise the library's own order)."""
     words = fold(query).split()
     bounds = [(re.compile(r"(?<![^\W_])" + re.escape(w)),
                re.compile(r"(?<![^\W_])%s(?![^\W_])" % re.escape(w)))
@@ -4927,6 +4938,9 @@ def ranked(rows, query, sort):
 
 
 def tool_search_sessions(ctx, args):
+    """search_sessions: one page of the marketplace (``scope`` public: one discover request,
+    signed in or not) or of the user's library (filtered and ranked here). Marketplace rows are
+    always marked untrusted; library rows when another author's content is in them."""
     query = args.get("query", "").strip()
     limit, offset = args["limit"], args["offset"]
     harness = sorted({h.strip().lower() for h in args.get("harness", [])})
@@ -4972,6 +4986,8 @@ def tool_search_sessions(ctx, args):
 
 
 def tool_get_session_summary(ctx, args):
+    """get_session_summary: a library session's row, or a marketplace listing's row with its
+    outline, members, depth, stats and provenance (one listing request; marked untrusted)."""
     if args["source"] == "library":
         rows = ctx.library()
         row = next((r for r in rows if r.get("id") == args["id"]), None)
@@ -5006,6 +5022,9 @@ def tool_get_session_summary(ctx, args):
 # --- acquire_session ----------------------------------------------------------------------------
 
 def tool_acquire_session(ctx, args):
+    """acquire_session: ask the API to add a listing's session to the library, sending only its
+    id, tenant and version. Acquired: the library id and how to load it; paid and not entitled:
+    the price and the listing's page, never a purchase; reading material only: an error result."""
     ctx.token()  # signed out: said before the rate limit counts the call
     wait = ctx.server.acquire_limit.take()
     if wait:
@@ -5062,7 +5081,7 @@ HARNESS_SEEN_KEPT = 1024
 
 
 def saw_harness(ctx, rows):
-    """Remembers each shown marketplace row's harness (search results, a summary), so the acquire
+    """Remember each shown marketplace row's harness (search results, a summary), so the acquire
     that follows can name ``a4sx resume`` for a Claude Code session without another round trip; an
     id listed with two harnesses is remembered as unknown."""
     seen = ctx.server.harness_seen
@@ -5077,6 +5096,9 @@ def saw_harness(ctx, rows):
 
 
 def tool_fetch_session_context(ctx, args):
+    """fetch_session_context: load a library session as context, its transcript rendered as framed
+    turns within ``max_tokens``. Marked untrusted when the library says another author's content
+    is in it, or when the library cannot say (an unknown provenance counts as another author's)."""
     _glibc()  # before the first multi-megabyte answer arrives
     library = ctx.in_background(ctx.library)  # the provenance check overlaps the download
     _, bundle = ctx.request("fetch", {"cid": args["id"], "version": args.get("version")})
@@ -5142,11 +5164,12 @@ def this_conversation(sessions, meta):
 
 
 def tool_list_local_sessions(ctx, args):
-    """This project's sessions (section 5), newest first, each with what this machine knows of its
-    saves; with ``query``, those whose files hold the phrase, each file read once. ``next_offset``:
-    the position in the list where the next page goes on (a query's page stops at ``limit`` sessions
-    found or after SCAN_PAGE_BYTES read). Everything from a file is framed as untrusted (it holds
-    tool output, web pages, other authors' sessions); reads only local files, sends nothing."""
+    """List this project's sessions (section 5), newest first, each with what this machine knows of
+    its saves; with ``query``, those whose files hold the phrase, each file read once.
+    ``next_offset``: the position in the list where the next page goes on (a query's page stops at
+    ``limit`` sessions found or after SCAN_PAGE_BYTES read). Everything from a file is framed as
+    untrusted (it holds tool output, web pages, other authors' sessions); reads only local files,
+    sends nothing."""
     settings, query = ctx.settings, args.get("query", "").strip()
     sessions = project_session_list(settings)
     try:
