@@ -1,25 +1,29 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""a4sx-mcp: a local MCP server (stdio) for a4sx, the library and marketplace of coding-agent sessions.
+"""a4sx-mcp: a local MCP server (stdio) for a4sx, the coding-agent session library and marketplace.
 
 The hosted a4sx server's five tools: search sessions, summarise one, acquire an entitled marketplace
 session into the private library (no billing route), load a session as context, save a transcript
-to the private library; and a sixth that only a local server can have: save the session you are in, read
-from the agent's own session files. It signs in with the token the ``a4sx`` CLI stored (``a4sx login``)
-and sends it only to the server it is stored for.
+to the private library; and a sixth that only a local server can have: save the session you are in,
+read from the agent's own session files. It signs in with the token the ``a4sx`` CLI stored
+(``a4sx login``) and sends it only to the server it is stored for.
 
 One stdlib-only file. The trust core comes first, then the features, then compatibility and
 performance code; each section's banner names the claims below that it carries:
 
-0. imports                         (claim 1: the standard library at start; later only ``LAZY_IMPORTS``)
-1. settings and the token          (claims 2, 3: ``ENVIRONMENT``, ``FILES``, ``Settings.find_token``)
+0. imports                         (claim 1: the standard library at start; later only
+                                    ``LAZY_IMPORTS``)
+1. settings and the token          (claims 2, 3: ``ENVIRONMENT``, ``FILES``,
+                                    ``Settings.find_token``)
 2. the HTTP client                 (claims 4, 5: the ``ROUTES`` table, ``Api.send``)
 3. framing and tool results        (claims 6, 14: the nonce envelope; the only builders of a result
                                     and a list)
 4. transcripts and the taint rule  (claims 7, 8, 16: the parse budget, ``check_transcript``,
                                     ``publish_taint``; the renderer)
-5. local session files             (claims 13, 15: the agents' own transcripts, found and read safely)
-6. the a4sx SDK bridge             (claims 7, 9: the scrub worker, parity, the SDK's records, lazily)
+5. local session files             (claims 13, 15: the agents' own transcripts, found and read
+                                    safely)
+6. the a4sx SDK bridge             (claims 7, 9: the scrub worker, parity, the SDK's records,
+                                    lazily)
 7. read tools                      (claim 10: schemas, validation, the calls' context, search to
                                     fetch, ``list_local_sessions``)
 8. the save pipeline               (claims 7, 15: validate, read, check, scrub, upload, record:
@@ -29,7 +33,8 @@ performance code; each section's banner names the claims below that it carries:
 10. resources, prompts, completions (claim 14: the same handlers, picked by the user; prompt texts)
 11. the MCP dispatcher             (both eras, every request answered once, saves as MCP tasks:
                                     tested, not a claim)
-12. the stdio loop and ``main``    (claims 11, 12: ``Writer``, ``serve``, ``--check``, ``--version``)
+12. the stdio loop and ``main``    (claims 11, 12: ``Writer``, ``serve``, ``--check``,
+                                    ``--version``)
 13. compatibility                  (what each handshake revision shows: ``has``, ``tools_for``)
 14. performance only               (shortcuts that change no result: skip when auditing)
 
@@ -40,55 +45,62 @@ that shows there is no other place, and the test that proves it:
    ``LAZY_IMPORTS`` only, and none comes from the working directory (``_drop_working_dir``).
 2. This file reads only the variables of ``ENVIRONMENT`` (in ``environment``), the config
    directory's ``FILES``, the agents' ``SESSION_FILES`` and its own source (``--check`` prints the
-   lists). Besides: ``os.path.expanduser`` reads ``HOME``; the SDK's ``a4sx.config`` reads the config
-   directory's variables by ``config_dir``'s rule; the scrub worker is handed ``WORKER_ENV`` unread;
-   ``trusts_nothing`` lists OpenSSL's CA folders' names when no certificate was loaded;
-   libraries read their own files (OpenSSL's CA bundle, the SDK's installed metadata, the C library).
-3. The token is sent only to the server it is stored for, the configured base (``Settings.find_token``
-   looks up that server's only; whether that server issued it is the sign-in's), and the files that
-   hold it or choose the server are trusted like ssh's (``read_private``, ``_read_config``): one that
-   is not is refused, never passed over for another file or the public server.
+   lists). Besides: ``os.path.expanduser`` reads ``HOME``; the SDK's ``a4sx.config`` reads the
+   config directory's variables by ``config_dir``'s rule; the scrub worker is handed ``WORKER_ENV``
+   unread; ``trusts_nothing`` lists OpenSSL's CA folders' names when no certificate was loaded;
+   libraries read their own files (OpenSSL's CA bundle, the SDK's installed metadata, the C
+   library).
+3. The token is sent only to the server it is stored for, the configured base
+   (``Settings.find_token`` looks up that server's only; whether that server issued it is the
+   sign-in's), and the files that hold it or choose the server are trusted like ssh's
+   (``read_private``, ``_read_config``): one that is not is refused, never passed over for another
+   file or the public server.
 4. Everything sent to the network is a route of ``ROUTES``, sent by ``Api.send`` to the configured
-   server: the token only on token routes, never on a redirect, never in clear text (``normalize_base``).
+   server: the token only on token routes, never on a redirect, never in clear text
+   (``normalize_base``).
 5. Every request has a deadline and an answer cap (``ROUTES``; ``Api._exchange``, ``_read_body``).
    A DNS lookup that hangs is not bounded, nor a connect to each of a name's many addresses.
 6. In every tool result, everything an author or the API wrote reaches the model inside a nonce
-   envelope it cannot close, in both copies: only section 3's builders make a result (``json_result``,
-   ``context_result``, ``error_result``, ``framed_error``), through ``envelope`` and
-   ``structured_frame``; ``fenced`` keeps ``<<<`` and ``>>>`` out of every body line itself.
+   envelope it cannot close, in both copies: only section 3's builders make a result
+   (``json_result``, ``context_result``, ``error_result``, ``framed_error``), through ``envelope``
+   and ``structured_frame``; ``fenced`` keeps ``<<<`` and ``>>>`` out of every body line itself.
 7. What leaves is the scrub's output, on the push route: ``send_prepared`` is the one upload (called
-   from ``publish_checked``, ``tool_publish_local_session`` and ``saved_after_preview``; a retry sends
-   the same file), of a ``ScrubbedUpload`` that only ``scrub_transcript`` and ``Joins._write`` write,
-   with the SDK's scrub (mode ``full``) of pieces that each passed ``check_transcript``'s rule (each
-   harness's record envelope) before they were scrubbed, sending no visibility; that a push is stored
-   privately is the API's to keep. Parity: those bytes are the SDK's ``scrub_bytes`` of the whole
-   file, though scrubbed in batches, or the save is refused: what the SDK carries across a batch's end
-   is read off its own state (``CarryWatch``), a line near the stack's edge is scrubbed on two stacks
-   (``scrub_on_any_stack``); SECURITY.md's "Parity" names the one case not covered.
+   from ``publish_checked``, ``tool_publish_local_session`` and ``saved_after_preview``; a retry
+   sends the same file), of a ``ScrubbedUpload`` that only ``scrub_transcript`` and ``Joins._write``
+   write, with the SDK's scrub (mode ``full``) of pieces that each passed ``check_transcript``'s
+   rule (each harness's record envelope) before they were scrubbed, sending no visibility; that a
+   push is stored privately is the API's to keep. Parity: those bytes are the SDK's ``scrub_bytes``
+   of the whole file, though scrubbed in batches, or the save is refused: what the SDK carries
+   across a batch's end is read off its own state (``CarryWatch``), a line near the stack's edge is
+   scrubbed on two stacks (``scrub_on_any_stack``); SECURITY.md's "Parity" names the one case not
+   covered.
 8. Another author's content keeps its warning when published again: ``publish_taint``.
 9. The only other processes are the scrub workers (this file with ``--scrub-worker``, pipes only,
-   the ``WORKER_ENV`` variables only); the only files written are the SDK's untrusted-session records
-   (``mark_untrusted``), where each local session was saved and what became of each save
-   (``record_saved``), each one's empty lock file (``RecordsLock``), a save's scrubbed upload (``ScrubbedUpload``: a private temporary file, removed
-   when the save ends) and a token file's mode (``read_private``: 0600, never through a symlink).
-10. Nothing buys: no billing or purchase route exists (``ROUTES``), and acquire is sent only a listing's
-    id, tenant and version (``tool_acquire_session``); that acquiring never charges is the API's to keep.
-11. stdout carries only protocol messages (``Writer``; ``serve`` sends what else is printed to stderr); no
-    single message ends the process (``serve`` catches what a line raises); logs go to stderr: a
-    tool's name, outcome and duration, never arguments or results. (That each request is answered
-    once is the dispatcher's protocol correctness, tested, not a claim.)
-12. ``--version`` prints the running file's SHA-256 (``file_digest_line``): hash a copy yourself too.
+   the ``WORKER_ENV`` variables only); the only files written are the SDK's untrusted-session
+   records (``mark_untrusted``), where each local session was saved and what became of each save
+   (``record_saved``), each one's empty lock file (``RecordsLock``), a save's scrubbed upload
+   (``ScrubbedUpload``: a private temporary file, removed when the save ends) and a token file's
+   mode (``read_private``: 0600, never through a symlink).
+10. Nothing buys: no billing or purchase route exists (``ROUTES``), and acquire is sent only a
+    listing's id, tenant and version (``tool_acquire_session``); that acquiring never charges is the
+    API's to keep.
+11. stdout carries only protocol messages (``Writer``; ``serve`` sends what else is printed to
+    stderr); no single message ends the process (``serve`` catches what a line raises); logs go to
+    stderr: a tool's name, outcome and duration, never arguments or results. (That each request is
+    answered once is the dispatcher's protocol correctness, tested, not a claim.)
+12. ``--version`` prints the running file's SHA-256 (``file_digest_line``): hash a copy yourself,
+    too.
 13. A session file is read only inside the agents' session folders, found by listing them (a
-    ``LocalSession`` is made only by ``_found``, from the listing: an id is never joined into a path),
-    opened without following a link (``open_below``) and without waiting, then read only when it is
-    not a FIFO, a device, another user's file or a hard link (``_file_problem``).
+    ``LocalSession`` is made only by ``_found``, from the listing: an id is never joined into a
+    path), opened without following a link (``open_below``) and without waiting, then read only when
+    it is not a FIFO, a device, another user's file or a hard link (``_file_problem``).
 14. Every text outside an envelope is this file's own or a name: an error's message and data and a
-    progress note are ``Words`` (``error_text``, ``rpc_error``, ``ToolContext.progress`` take nothing
-    else), made only by ``say`` from a string literal of this file and by ``plain_name`` (an
-    identifier), ``echoed_name`` (a name the client or the model wrote) and ``local_line`` (a value of
-    this machine); an error's details pass ``ERROR_DETAILS``; resource lists and completions carry
-    id-shaped names (``resource_page``, ``completion_values``); prompt texts carry the user's own
-    arguments.
+    progress note are ``Words`` (``error_text``, ``rpc_error``, ``ToolContext.progress`` take
+    nothing else), made only by ``say`` from a string literal of this file and by ``plain_name`` (an
+    identifier), ``echoed_name`` (a name the client or the model wrote) and ``local_line`` (a value
+    of this machine); an error's details pass ``ERROR_DETAILS``; resource lists and completions
+    carry id-shaped names (``resource_page``, ``completion_values``); prompt texts carry the user's
+    own arguments.
 15. The session saved is the one the call names (``find_session``): an id, or for ``current`` the
     session the call's ``_meta`` names, else ``$CLAUDE_CODE_SESSION_ID``'s while no newer session of
     its project was written; never a guess.
@@ -98,10 +110,10 @@ that shows there is no other place, and the test that proves it:
     parsed within the room of its own file (``line_room``), so it stays within 5 times the largest
     file it reads plus 64 MiB.
 
-Run it as ``a4sx-mcp``, ``python -m a4sx_mcp`` or ``python3 a4sx_mcp.py`` (a copied file works as is);
-in a folder you do not trust, as the console script or by the file's full path: the other two find
-the module through the working directory first, and ``python -m``'s own machinery may import that
-folder's ``importlib/`` before this file runs.
+Run it as ``a4sx-mcp``, ``python -m a4sx_mcp`` or ``python3 a4sx_mcp.py`` (a copied file works as
+is); in a folder you do not trust, as the console script or by the file's full path: the other two
+find the module through the working directory first, and ``python -m``'s own machinery may import
+that folder's ``importlib/`` before this file runs.
 """
 
 import os  # os and sys first (built in, already loaded): the working directory leaves sys.path
@@ -138,7 +150,8 @@ def _drop_working_dir(path, how):
     return [entry for index, entry in enumerate(path) if kept(index, entry)]
 
 
-sys.path[:] = _drop_working_dir(sys.path, "module" if __name__ != "__main__" else "script" if __spec__ is None else "-m")
+sys.path[:] = _drop_working_dir(sys.path, "module" if __name__ != "__main__"
+                                else "script" if __spec__ is None else "-m")
 
 
 # --- a copied file's start: loaded as a module, so the parser's tree is not kept -----------------
@@ -151,9 +164,11 @@ def _interpreter_options():
         flags.no_user_site)
     options += ["-S"] * bool(flags.no_site) + ["-B"] * bool(flags.dont_write_bytecode)
     options += ["-O"] * flags.optimize + ["-b"] * flags.bytes_warning
-    options += ["-P"] * bool(getattr(flags, "safe_path", False) and not flags.isolated)  # 3.11+; -I has it
+    # -P: 3.11+; -I has it
+    options += ["-P"] * bool(getattr(flags, "safe_path", False) and not flags.isolated)
     options += ["-W" + warning for warning in sys.warnoptions]
-    options += ["-X" + (key if value is True else "%s=%s" % (key, value)) for key, value in sys._xoptions.items()]
+    options += ["-X" + (key if value is True else "%s=%s" % (key, value))
+                for key, value in sys._xoptions.items()]
     return options
 
 
@@ -168,7 +183,8 @@ def _run_as_module():
     from the file ``--version`` hashes. Windows has no exec that keeps the process, so there, and
     when the exec fails, the script runs as it is."""
     load = ("import sys\n"
-            "if sys.path[:1] == ['']: del sys.path[0]\n"  # -c put the working directory first; no import yet
+            # -c put the working directory first; no import yet
+            "if sys.path[:1] == ['']: del sys.path[0]\n"
             "path, sys.argv = sys.argv[1], sys.argv[1:]\n"
             "module = sys.modules['a4sx_mcp'] = type(sys)('a4sx_mcp')\n"
             "module.__file__ = path\n"
@@ -274,15 +290,17 @@ def log(level, message):
 # server, 4 stay within 256 MiB (benchmarks/bench.py --local); each worker holds ~40 MiB.
 SCRUB_WORKERS_MAX = 4
 
-# Every client measured waits 50 s for a tools/call (the TypeScript SDK's default is 60 s; Codex CLI's
-# 300 s; Claude Desktop cancels from 60 s): a save answers within this, finished or not (``Saves``).
+# Every client measured waits 50 s for a tools/call (the TypeScript SDK's default is 60 s; Codex
+# CLI's 300 s; Claude Desktop cancels from 60 s): a save answers within this, finished or not
+# (``Saves``).
 ANSWER_WITHIN_S = 50
 
 KiB, MiB = 1024, 1024 * 1024
 
 # One row of ``ENVIRONMENT``. ``kind`` says how ``Settings`` reads the value and how --help, --check
 # and server.json show it:
-#   number: an integer; below ``low`` (or not a number) it is ``default``, above ``high`` it is ``high``
+#   number: an integer; below ``low`` (or not a number) it is ``default``, above ``high`` it is
+#           ``high``
 #   flag:   1, true or yes (any case) is on; anything else, unset included, off
 #   level:  one of ``LOG_LEVELS``, else ``default``
 #   url, secret, path: read where they are used (``resolve_base``, ``find_token``, the folders)
@@ -302,8 +320,9 @@ ENVIRONMENT = (
             "a token (for CI), sent only to A4SX_SESSION_BASE's server; never printed or kept"),
     Setting("A4SX_SESSION_BASE", None, "url", PUBLIC_BASE, None, None,
             "the server A4SX_SESSION was issued by (never A4SX_BASE)"),
-    Setting("A4SX_CONFIG_DIR", None, "path", "the a4sx CLI's: $XDG_CONFIG_HOME/a4sx, ~/.config/a4sx or "
-            "%LOCALAPPDATA%\\a4sx", None, None, "the a4sx CLI's config directory (its sign-in)"),
+    Setting("A4SX_CONFIG_DIR", None, "path", "the a4sx CLI's: $XDG_CONFIG_HOME/a4sx, "
+            "~/.config/a4sx or %LOCALAPPDATA%\\a4sx", None, None,
+            "the a4sx CLI's config directory (its sign-in)"),
     Setting("XDG_CONFIG_HOME", None, "system", "", None, None,
             "the config directory is $XDG_CONFIG_HOME/a4sx when it is an absolute path"),
     Setting("LOCALAPPDATA", None, "system", "", None, None,
@@ -311,7 +330,8 @@ ENVIRONMENT = (
     Setting("APPDATA", None, "system", "", None, None, "Windows: see LOCALAPPDATA"),
     Setting("HOME", None, "system", "", None, None,
             "~ (else ~/.config/a4sx; Python's expanduser also reads USERPROFILE on Windows)"),
-    Setting("A4SX_MCP_PER_MIN", "per_min", "number", 240, 0, None, "tool calls per minute (0: no local limit)"),
+    Setting("A4SX_MCP_PER_MIN", "per_min", "number", 240, 0, None,
+            "tool calls per minute (0: no local limit)"),
     Setting("A4SX_MCP_ACQUIRE_PER_MIN", "acquire_per_min", "number", 20, 0, None,
             "acquire_session calls per minute (0: no local limit)"),
     Setting("A4SX_MCP_PUBLISH_PER_MIN", "publish_per_min", "number", 10, 0, None,
@@ -377,7 +397,8 @@ def setting_line(setting):
 
 
 def read_setting(setting, env):
-    """The value of a number, flag or level ``setting`` from ``env`` (``environment``'s), by its row."""
+    """The value of a number, flag or level ``setting`` from ``env`` (``environment``'s), by its
+    row."""
     raw = env[setting.name]
     if setting.kind == "flag":
         return raw.lower() in ("1", "true", "yes")
@@ -436,12 +457,12 @@ AS_WRITTEN = ("XDG_CONFIG_HOME", "LOCALAPPDATA", "APPDATA")
 
 
 def environment():
-    """The ``ENVIRONMENT`` variables' values ("" when unset; stripped, except ``AS_WRITTEN``): the one
-    place this file reads the process environment (``worker_environment`` only copies the
+    """The ``ENVIRONMENT`` variables' values ("" when unset; stripped, except ``AS_WRITTEN``): the
+    one place this file reads the process environment (``worker_environment`` only copies the
     ``WORKER_ENV`` names for the worker; ``os.path.expanduser`` reads ``HOME``, and the SDK's
-    ``a4sx.config`` reads the config directory's variables by the same rule as ``config_dir``). ``Settings`` calls it at
-    start-up; the token lookup, ``--check`` and ``trust_store`` call it again to read
-    ``A4SX_SESSION`` (never kept) and the TLS variables."""
+    ``a4sx.config`` reads the config directory's variables by the same rule as ``config_dir``).
+    ``Settings`` calls it at start-up; the token lookup, ``--check`` and ``trust_store`` call it
+    again to read ``A4SX_SESSION`` (never kept) and the TLS variables."""
     values = {row.name: os.environ.get(row.name) or "" for row in ENVIRONMENT}
     return {name: value if name in AS_WRITTEN else value.strip() for name, value in values.items()}
 
@@ -493,7 +514,8 @@ def normalize_base(value):
     if not host:
         raise ValueError("no host in base URL %r" % shown_base(value))
     if scheme == "http" and not _is_loopback(host):
-        raise ValueError("refusing plain http to %s: use https (http is allowed for localhost only)" % host)
+        raise ValueError(("refusing plain http to %s: use https (http is allowed for localhost "
+                          "only)") % host)
     try:
         port = parts.port
     except ValueError:
@@ -536,7 +558,7 @@ def _working_dir():
         return ""
 
 
-# --- the server and the token: ssh's rules for the files that choose the one and hold the other ----
+# --- the server and the token: ssh's rules for the files that choose the one and hold the other --
 
 
 def _read_json(path, mode=None):
@@ -553,7 +575,8 @@ def _read_json(path, mode=None):
             status = os.fstat(fd)
             problem = mode and os.name == "posix" and _trust_problem(path, status, mode)  # claim 3
             if mode and not stat.S_ISREG(status.st_mode):
-                problem = say("%s is not a regular file: remove it, or run `uvx a4sx login` again", local_line(path))
+                problem = say("%s is not a regular file: remove it, or run `uvx a4sx login` again",
+                              local_line(path))
             if problem:
                 raise ConfigUntrusted(problem)  # claim 3
             if not stat.S_ISREG(status.st_mode):
@@ -580,9 +603,10 @@ def _read_config(path):
     token file's rule) or no JSON object with a text ``base`` raises ``ConfigUntrusted``, never
     passed over. Called from: ``_stored_base``, ``_legacy_origin``."""
     data = _read_json(path, "600")  # claim 3
-    if os.path.lexists(path) and not (isinstance(data, dict) and isinstance(data.get("base", ""), str)):
-        raise ConfigUntrusted(say("%s is not a JSON object naming a server (cut short by an edit?): fix it, or run "
-                                  "`uvx a4sx login` again", local_line(path)))
+    if os.path.lexists(path) and not (isinstance(data, dict)
+                                      and isinstance(data.get("base", ""), str)):
+        raise ConfigUntrusted(say("%s is not a JSON object naming a server (cut short by an edit?):"
+                                  " fix it, or run `uvx a4sx login` again", local_line(path)))
     return data
 
 
@@ -620,11 +644,11 @@ def _trust_problem(path, status, mode):
     """Why ``path`` must not be trusted (ssh's rule: owned by this user, writable by it alone), or
     None. Called from: ``_read_json``, ``path_problem``, ``read_private``."""
     if status.st_uid != os.getuid():  # claim 3
-        return say("%s is owned by another user: if it is yours, run `sudo chown %d %s`", local_line(path), os.getuid(),
-                   local_line(shell_quote(path)))
+        return say("%s is owned by another user: if it is yours, run `sudo chown %d %s`",
+                   local_line(path), os.getuid(), local_line(shell_quote(path)))
     if status.st_mode & 0o022:  # claim 3
-        return say("%s is writable by group or others: run `chmod %s %s`", local_line(path), local_line(mode),
-                   local_line(shell_quote(path)))
+        return say("%s is writable by group or others: run `chmod %s %s`", local_line(path),
+                   local_line(mode), local_line(shell_quote(path)))
     return None
 
 
@@ -695,8 +719,9 @@ class Settings:
         try:
             self.base, self.base_source = resolve_base(base_flag, env)
             self.base_refused = None
-        except ConfigUntrusted as err:  # no server is chosen: Api.send and find_token refuse, naming why
-            self.base, self.base_source, self.base_refused = "https://config-refused.invalid", "refused", err.args[0]
+        except ConfigUntrusted as err:  # no server: Api.send and find_token refuse, saying why
+            self.base, self.base_source, self.base_refused = (
+                "https://config-refused.invalid", "refused", err.args[0])
         for row in ENVIRONMENT:  # the numbers, flags and level, each by its row
             if row.attr:
                 setattr(self, row.attr, read_setting(row, env))
@@ -704,14 +729,15 @@ class Settings:
         self.started_at = time.time()
         self.claude_session_id = env["CLAUDE_CODE_SESSION_ID"]
         project = env["CLAUDE_PROJECT_DIR"]
-        # Claude Code sets a full path. A relative one would be this process's working directory, which
-        # the client chooses ("." in a server started in / named the sessions recorded in /): refused,
-        # so no session is this project's (of_this_project) and main and --check say why.
+        # Claude Code sets a full path. A relative one would be this process's working directory,
+        # which the client chooses ("." in a server started in / named the sessions recorded in /):
+        # refused, so no session is this project's (of_this_project) and main and --check say why.
         self.project_refused = None
         if project and not os.path.isabs(project):
-            self.project_refused = say("$CLAUDE_PROJECT_DIR is %s, not a full path, so no session is this project's: "
-                                       "set it to the project's full path, or leave it out (the working directory "
-                                       "is then used)", local_line(project))
+            self.project_refused = say("$CLAUDE_PROJECT_DIR is %s, not a full path, so no session "
+                                       "is this project's: set it to the project's full path, or "
+                                       "leave it out (the working directory is then used)",
+                                       local_line(project))
         self.project_dir = "" if self.project_refused else project or _working_dir()
 
     def find_token(self):
@@ -733,7 +759,8 @@ class Settings:
         if problem:
             raise ConfigUntrusted(problem)
         try:
-            creds = json.loads(read_private(os.path.join(self.config_dir, "credentials.json")) or "null")
+            creds = json.loads(read_private(os.path.join(self.config_dir, "credentials.json"))
+                               or "null")
         except ValueError:
             creds = None
         if isinstance(creds, dict):
@@ -747,9 +774,10 @@ class Settings:
         return None, None
 
     def login_hint(self):
-        """The sign-in command as the Quickstart gives it (``uvx``: the a4sx CLI need not be installed)."""
-        return say("uvx a4sx login") if self.base == PUBLIC_BASE else say("uvx a4sx login --base %s",
-                                                                          local_line(self.base))
+        """The sign-in command as the Quickstart gives it (``uvx``: the a4sx CLI need not be
+        installed)."""
+        return (say("uvx a4sx login") if self.base == PUBLIC_BASE
+                else say("uvx a4sx login --base %s", local_line(self.base)))
 
 
 # =============================================================================================
@@ -771,8 +799,9 @@ class Route:
 
 # EVERYTHING this process may send (claims 4, 10): ``Api.send`` takes a name from this table and
 # nothing else; no billing or purchase route. token: added by ``Api.send`` itself. Claim 5's: max
-# answer (refused unread past it); deadline (connect, TLS, send and read; an upload's by its size);
-# retry once on a fresh connection when the idle one was closed ("keyed": with an Idempotency-Key).
+# answer (refused unread past it; fetch's: 20 MB as base64); deadline (connect, TLS, send and read;
+# an upload's by its size, ``upload_timeout``); retry once on a fresh connection when the idle one
+# was closed ("keyed": with an Idempotency-Key).
 ROUTES = {
     # name        method  path template             token  max answer  deadline s  retry
     "health":   Route("GET", "/healthz",               False, 64 * KiB,   10,         "yes"),
@@ -780,10 +809,10 @@ ROUTES = {
     "discover": Route("GET", "/memory/discover",       False, 4 * MiB,    30,         "yes"),
     "listing":  Route("GET", "/memory/discover/item",  False, 4 * MiB,    30,         "yes"),
     "library":  Route("GET", "/library/sessions",      True,  8 * MiB,    30,         "yes"),
-    "fetch":    Route("GET", "/library/fetch",         True,  256 * MiB,  300,        "yes"),  # 20 MB as base64
+    "fetch":    Route("GET", "/library/fetch",         True,  256 * MiB,  300,        "yes"),
     "acquire":  Route("POST", "/library/acquire/{id}", True,  4 * MiB,    30,         "no"),
     "ensure":   Route("POST", "/library/ensure",       True,  4 * MiB,    30,         "yes"),
-    "push":     Route("POST", "/library/push",         True,  4 * MiB,    120,        "keyed"),  # or upload_timeout
+    "push":     Route("POST", "/library/push",         True,  4 * MiB,    120,        "keyed"),
 }
 READ_TIMEOUT_S = 30     # the longest silence inside an answer, within the route's deadline
 CONNECT_TIMEOUT_S = 10
@@ -829,17 +858,18 @@ _ssl_lock = threading.Lock()
 
 def ssl_context():
     """The process's one TLS context: ``ssl.create_default_context()``'s (the system trust store or
-    ``$SSL_CERT_FILE`` / ``$SSL_CERT_DIR``, certificates and hostnames checked), but made without it,
-    since that one writes TLS secrets to ``$SSLKEYLOGFILE``: a key log beside a capture would show
-    the token. Loading a CA bundle costs tens of ms, so only once."""
+    ``$SSL_CERT_FILE`` / ``$SSL_CERT_DIR``, certificates and hostnames checked), but made without
+    it, since that one writes TLS secrets to ``$SSLKEYLOGFILE``: a key log beside a capture would
+    show the token. Loading a CA bundle costs tens of ms, so only once."""
     global _ssl_context
     with _ssl_lock:
         if _ssl_context is None:
             ssl = lazy("ssl")
-            context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # verify_mode CERT_REQUIRED, check_hostname
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # CERT_REQUIRED, check_hostname
             context.load_default_certs()
             if sys.version_info >= (3, 13):  # create_default_context's flags there
-                context.verify_flags |= getattr(ssl, "VERIFY_X509_PARTIAL_CHAIN", 0) | ssl.VERIFY_X509_STRICT
+                context.verify_flags |= (getattr(ssl, "VERIFY_X509_PARTIAL_CHAIN", 0)
+                                         | ssl.VERIFY_X509_STRICT)
             _ssl_context = context
         return _ssl_context
 
@@ -854,12 +884,15 @@ def trust_store():
                   for name, default in
                   ((paths.openssl_cafile_env, paths.openssl_cafile),
                    (paths.openssl_capath_env, paths.openssl_capath))]
-        return "no certificate: OpenSSL found none in %s, so no https server can be verified" % " or ".join(looked)
+        return ("no certificate: OpenSSL found none in %s, so no https server can be "
+                "verified") % " or ".join(looked)
     named = ["$%s (%s)" % (name, value or env[name]) for name, value in
-             ((paths.openssl_cafile_env, paths.cafile), (paths.openssl_capath_env, paths.capath)) if env.get(name)]
+             ((paths.openssl_cafile_env, paths.cafile), (paths.openssl_capath_env, paths.capath))
+             if env.get(name)]
     if named:
         return " and ".join(named)
-    where = " or ".join(p for p in (paths.cafile, paths.capath) if p) or "the operating system's store"
+    where = (" or ".join(p for p in (paths.cafile, paths.capath) if p)
+             or "the operating system's store")
     return "the system trust store (%s; $%s or $%s replace it)" % (where, paths.openssl_cafile_env,
                                                                    paths.openssl_capath_env)
 
@@ -878,8 +911,8 @@ def trusts_nothing():
     if ssl_context().cert_store_stats()["x509"]:
         return False
     paths, env = lazy("ssl").get_default_verify_paths(), environment()
-    folders = env[paths.openssl_capath_env].split(os.pathsep) if env.get(paths.openssl_capath_env) else [
-        paths.openssl_capath]
+    folders = (env[paths.openssl_capath_env].split(os.pathsep) if env.get(paths.openssl_capath_env)
+               else [paths.openssl_capath])
     for folder in folders:
         try:
             with os.scandir(folder) as listing:
@@ -910,7 +943,8 @@ class Api:
         self.tls = parts.scheme == "https"
         self.host, self.port = parts.hostname, parts.port or (443 if self.tls else 80)  # claim 4
         if not self.tls and not _is_loopback(self.host):  # claim 4 (normalize_base refused it too)
-            raise ValueError("plain http is for a loopback server only: the token never travels in clear text")
+            raise ValueError("plain http is for a loopback server only: the token never travels in "
+                             "clear text")
         self.max_idle = max_idle
         self.idle = []              # [(connection, idle since)], most recent last
         self.watched = {}           # id -> [deadline, connection, why it ended]: see _watch
@@ -939,7 +973,8 @@ class Api:
             if not isinstance(data, bytes):  # a file: http.client reads it block by block
                 sent["Content-Length"] = str(os.fstat(data.fileno()).st_size)
         # claim 4: no caller sets Authorization or Host
-        if any(not isinstance(key, str) or key.strip().lower() in ("authorization", "host") for key in headers or {}):
+        if any(not isinstance(key, str) or key.strip().lower() in ("authorization", "host")
+               for key in headers or {}):
             raise ValueError("Api.send takes header names as str, never Authorization or Host")
         sent.update(headers or {})
         safe = route.retry == "yes" or (route.retry == "keyed" and "Idempotency-Key" in sent)
@@ -954,16 +989,18 @@ class Api:
             hops = 0
             while True:
                 auth = {"Authorization": "Bearer " + token} if token and not hops else {}  # claim 3
-                status, location, payload = self._exchange(route.method, target, data, dict(sent, **auth),
-                                                           route.max_bytes, (deadline, limit_s), cancel, safe)
-                follow = location and route.method == "GET" and status in REDIRECT_STATUSES and hops < MAX_REDIRECTS
+                status, location, payload = self._exchange(route.method, target, data,
+                                                           dict(sent, **auth), route.max_bytes,
+                                                           (deadline, limit_s), cancel, safe)
+                follow = (location and route.method == "GET" and status in REDIRECT_STATUSES
+                          and hops < MAX_REDIRECTS)
                 target = self._redirect_target(target, location) if follow else None  # claim 4
                 if target is None:
                     break
                 hops += 1
         except NetworkError as err:
-            log("debug", "http %s %s -> no answer (%s) in %d ms" % (route.method, route.path, err,
-                                                                     (time.monotonic() - started) * 1000))
+            log("debug", "http %s %s -> no answer (%s) in %d ms" % (
+                route.method, route.path, err, (time.monotonic() - started) * 1000))
             raise
         finally:
             with self.cond:
@@ -1006,8 +1043,9 @@ class Api:
             watch = self._watch(conn, deadline, limit_s, cancel)
             try:
                 try:
+                    # connect and TLS first: a call that ended meanwhile sends nothing
                     if conn.sock is None:
-                        conn.connect()  # connect and TLS first: a call that ended meanwhile sends nothing
+                        conn.connect()
                     if watch[2]:  # ended while connecting, before there was a socket to shut
                         raise NetworkError(watch[2])
                     if data is not None and not isinstance(data, bytes):
@@ -1024,7 +1062,8 @@ class Api:
                         continue
                     raise err
                 payload = _read_body(resp, cap, conn, deadline)
-                status, location, keep = resp.status, resp.getheader("Location"), not resp.will_close
+                status, location, keep = (resp.status, resp.getheader("Location"),
+                                          not resp.will_close)
             except NetworkError:
                 conn.close()
                 raise
@@ -1055,8 +1094,8 @@ class Api:
             self.opened += 1
         timeout = max(0.001, min(CONNECT_TIMEOUT_S, deadline - now))
         if self.tls:
-            return http.HTTPSConnection(self.host, self.port, timeout=timeout, context=ssl_context(),
-                                        blocksize=64 * KiB), False
+            return http.HTTPSConnection(self.host, self.port, timeout=timeout,
+                                        context=ssl_context(), blocksize=64 * KiB), False
         return http.HTTPConnection(self.host, self.port, timeout=timeout, blocksize=64 * KiB), False
 
     def _checkin(self, conn):
@@ -1091,7 +1130,8 @@ class Api:
             except RuntimeError:  # out of threads: a request no deadline holds is not sent
                 self.watched.pop(id(watch))
                 conn.close()
-                raise NetworkError(say("no thread was free to hold the request to its deadline")) from None
+                raise NetworkError(
+                    say("no thread was free to hold the request to its deadline")) from None
             self.cond.notify_all()
         if cancel is not None and hasattr(cancel, "hook"):
             cancel.hook(end)
@@ -1124,7 +1164,8 @@ class Api:
                                      "longer than its %s s deadline)", watch[4]))
                 while self.idle and now - self.idle[0][1] >= IDLE_CLOSE_S:
                     self.idle.pop(0)[0].close()
-                wake = [w[0] for w in self.watched.values() if w[2] is None] + [s + IDLE_CLOSE_S for _, s in self.idle]
+                wake = [w[0] for w in self.watched.values() if w[2] is None] + [
+                    s + IDLE_CLOSE_S for _, s in self.idle]
                 if self.watched or self.idle:
                     self.cond.wait(max(0.005, min(wake) - now) if wake else None)
             self.watcher = None
@@ -1148,7 +1189,8 @@ def _target(route, params):
         if "{%s}" % key in path:
             segment = quote(_str_param(value), safe="", errors="replace")  # claim 4
             if segment in ("", ".", ".."):
-                raise NetworkError(say("refused to send a request whose %s is not a name", plain_name(key)))
+                raise NetworkError(say("refused to send a request whose %s is not a name",
+                                       plain_name(key)))
             path = path.replace("{%s}" % key, segment)
         elif value not in (None, ""):
             query[key] = value
@@ -1256,7 +1298,8 @@ HINT_PREFIX = "a4sx server hints (not author content): "
 # The only texts a result carries outside its envelope besides flags, counts and SERVER_WORDS: its
 # next step (the hint line, and ``next`` in the structured copy). ``_frame`` takes no other.
 MORE_RESULTS = "more results: call again with offset = next_offset"
-ACQUIRED_NEXT = "Call fetch_session_context with the library_id of this result to load it as context."
+ACQUIRED_NEXT = ("Call fetch_session_context with the library_id of this result to load it as "
+                 "context.")
 NEVER_BUYS = ("a4sx never buys on your behalf: the account holder can buy it on the listing page, "
               "then ask again to acquire it.")
 SAVED_NEXT = ("Saved privately: only you can list and fetch it. Listing it publicly is a separate, "
@@ -1300,23 +1343,25 @@ def _unsafe_char(match):
 # Unicode format characters (category Cf: zero-width spaces and joiners, bidi marks, BOM, tags) and
 # the other characters that render as nothing (fillers, variation selectors). A ``#`` after them
 # still reads as a Markdown heading, so it is escaped like a bare one.
-_INVISIBLE = ("\u00ad\u034f\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u115f\u1160\u17b4\u17b5"
-              "\u180b-\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\u3164\ufe00-\ufe0f\ufeff"
-              "\uffa0\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U00013438\U0001bca0-\U0001bca3"
-              "\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f\U000e0100-\U000e01ef")
+_INVISIBLE = ("\u00ad\u034f\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u115f\u1160\u17b4"
+              "\u17b5\u180b-\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\u3164"
+              "\ufe00-\ufe0f\ufeff\uffa0\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U00013438"
+              "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f"
+              "\U000e0100-\U000e01ef")
 _LEADING_HASH = re.compile("^((?:[^\\S\n]|[%s])*)#" % _INVISIBLE, re.M)
 _WHITESPACE = re.compile(r"\s+")
 
 
 def _defuse(text):
-    """Control characters dropped, lone surrogates replaced, ``<<<``/``>>>`` to ``‹‹‹``/``›››``."""
+    """Control characters dropped, lone surrogates replaced, ``<<<``/``>>>`` to
+    ``‹‹‹``/``›››``."""
     text = _UNSAFE.sub(_unsafe_char, text)
     return text.replace("<<<", "\u2039\u2039\u2039").replace(">>>", "\u203a\u203a\u203a")
 
 
 def neutralize(text):
-    """Line breaks to ``\\n``, ``<<<``/``>>>`` to ``‹‹‹``/``›››``, a line-leading ``#`` (after any
-    whitespace or invisible characters) to ``\\#``."""
+    """Line breaks to ``\\n``, ``<<<``/``>>>`` to ``‹‹‹``/``›››``, a line-leading ``#``
+    (after any whitespace or invisible characters) to ``\\#``."""
     return _LEADING_HASH.sub("\\1\\\\#", _defuse(_LINE_BREAKS.sub("\n", text)))
 
 
@@ -1350,8 +1395,8 @@ def new_nonce():
 
 # What the notice says about the text that is not between the markers: the hint line after a JSON
 # result's envelope (text copy), or the fields beside the envelope (structured copy).
-ABOUT_HINTS = ("A line after the %s line that starts with \"a4sx server hints\" was written by the a4sx server, "
-               "not by an author." % END_MARK)
+ABOUT_HINTS = ("A line after the %s line that starts with \"a4sx server hints\" was written by the "
+               "a4sx server, not by an author." % END_MARK)
 ABOUT_FIELDS = ("Every field of this object except %s holds only values the a4sx server wrote "
                 "(flags, counts, fixed texts), never author text.")
 
@@ -1382,7 +1427,8 @@ def fenced(nonce, body_lines):
     it) and ``<<<``/``>>>``: every body line is ``_defuse``d here (callers escape more, for
     look)."""
     body = [_defuse(line) for line in body_lines]
-    return "\n".join(["<<<%s nonce=%s>>>" % (BEGIN_MARK, nonce)] + body + ["<<<%s nonce=%s>>>" % (END_MARK, nonce)])
+    return "\n".join(["<<<%s nonce=%s>>>" % (BEGIN_MARK, nonce)] + body +
+                     ["<<<%s nonce=%s>>>" % (END_MARK, nonce)])
 
 
 def envelope(nonce, body_lines, untrusted, about=None):
@@ -1611,7 +1657,8 @@ class Result:
     handler makes one."""
 
     def __init__(self, text, structured, is_error=False, outcome="ok"):
-        self.text, self.structured, self.is_error, self.outcome = text, structured, is_error, outcome
+        self.text, self.structured, self.is_error, self.outcome = (
+            text, structured, is_error, outcome)
 
 
 def json_result(result, untrusted, outcome="ok", **framing):
@@ -1773,7 +1820,8 @@ ID_PATTERN = "^[A-Za-z0-9][A-Za-z0-9._:@-]*$"
 _ID_NAME = re.compile(ID_PATTERN[1:-1] + r"\Z")
 _TIMESTAMP = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]+(Z|[+-][0-9]{2}:[0-9]{2})\Z")
 LIBRARY_URI = "a4sx://library/"
-RESOURCE_DESCRIPTION = "An a4sx library session: reading it loads it framed, as untrusted reference data."
+RESOURCE_DESCRIPTION = ("An a4sx library session: reading it loads it framed, as untrusted "
+                        "reference data.")
 MAX_COMPLETIONS = 100
 
 
@@ -1830,7 +1878,7 @@ _RECORD = json.JSONDecoder(strict=False)
 
 
 def parse_record(line):
-    """One JSONL record, or None when the line is not JSON."""
+    """Parse one JSONL record leniently (``_RECORD``); None when it is not JSON or too deep."""
     try:
         return _RECORD.decode(line)
     except (ValueError, RecursionError):
@@ -1856,8 +1904,9 @@ _NOT_STRUCTURE = bytes(byte for byte in range(256) if bytes((byte,)) not in b'{[
 
 
 def _parse(held):
-    """The body (the only item of ``held``) as JSON, ``{}`` when it is not JSON. Refused
-    (``NetworkError``) when parsing could allocate more than ``PARSE_BUDGET`` times its size."""
+    """Parse an answer's body, the only item of ``held`` (taken out: it is held once), as JSON;
+    ``{}`` when empty or not JSON. Raises ``NetworkError`` when parsing could allocate more than
+    ``PARSE_BUDGET`` times its size plus 64 KiB (``over_parse_budget``)."""
     payload = held.pop()
     size = len(payload)
     if not size:
@@ -1881,17 +1930,18 @@ def _parse(held):
 
 
 def over_parse_budget(size, cost, escapes, text):
-    """The shape check: True when parsing ``text`` (decoded from ``size`` bytes whose structure
-    costs ``cost``; ``escapes``: they hold a ``\\u``) could allocate more than PARSE_BUDGET times
-    ``size`` plus 64 KiB."""
-    return sys.getsizeof(text) + strings_bound(text, escapes) + cost > PARSE_BUDGET * size + 64 * KiB
+    """The shape check: whether parsing ``text`` (decoded from ``size`` bytes whose structure costs
+    ``cost``; ``escapes``: they hold a ``\\u``) could allocate more than ``PARSE_BUDGET`` times
+    ``size`` plus 64 KiB. An upper bound on CPython 3.11: a shape near the budget may be refused."""
+    return (sys.getsizeof(text) + strings_bound(text, escapes) + cost
+            > PARSE_BUDGET * size + 64 * KiB)
 
 
 def parse_within_budget(data, structural=None):
-    """A record an answer carried inside it (a fetched session's ``canonical.json`` or one JSONL
-    line, decoded from base64) parsed like ``parse_record``, or None when the shape check refuses
-    it: the content parsed again is held to the answer's bound. ``structural``: how many of its
-    bytes are ``PARSE_COST``'s, when the caller counted them (``lines_and_structure``)."""
+    """Parse a record an answer carried (a fetched session's ``canonical.json`` or one JSONL line,
+    decoded from base64) like ``parse_record``; None when the shape check refuses it, so parsing it
+    again stays within the answer's bound. ``structural``: how many of its bytes are
+    ``PARSE_COST``'s, when the caller counted them (``lines_and_structure``)."""
     text = data.decode("utf-8", "replace")
     # each at the dearest
     coarse = sys.getsizeof(text) + 4 * len(data) + DEAREST_BYTE * (structural or 0)
@@ -1907,19 +1957,18 @@ def parse_within_budget(data, structural=None):
 
 
 def strings_bound(text, escapes):
-    """The most the parsed strings' characters can take: the text's characters at its own width (no
-    string is wider than the text it comes from), or at 4 bytes when ``\\u`` escapes could spell
-    wider characters than the text holds (a surrogate pair in ASCII text makes a 4-byte string)."""
+    """Bound the bytes the parsed strings' characters take: the text's characters at its own width
+    (no string is wider than its text), or 4 bytes each when ``\\u`` escapes could spell wider
+    characters (a surrogate pair in ASCII text makes a 4-byte string)."""
     width = 4 if escapes else (sys.getsizeof(text) - sys.getsizeof(text[:0])) // max(len(text), 1)
     return width * len(text)
 
 
 def _parse_cost(payload, exact=False):
-    """``PARSE_COST`` summed over ``payload``'s structural bytes. With many quotes, every such byte
-    counts (inside strings too: an upper bound, and a fast one); with few (a fetched bundle:
-    megabytes in a few strings), or when ``exact``, only the quotes and the bytes outside strings,
-    which is exact and keeps a large bundle within the budget. Either way the count is never below
-    what parsing allocates."""
+    """Sum ``PARSE_COST`` over ``payload``'s structural bytes, never below what parsing allocates.
+    With many quotes every such byte counts, inside strings too (an upper bound, and fast); with few
+    (a fetched bundle: megabytes in a few strings), or when ``exact``, only the quotes and the bytes
+    outside strings: exact, and a large bundle stays within the budget."""
     quotes = payload.count(b'"')
     if quotes > len(payload) >> 12 and not exact:
         # performance: counted on those bytes alone
@@ -1963,15 +2012,15 @@ _WIDEST_LEAD = re.compile(b"[\xf0-\xff]")  # an astral character's first byte (o
 
 
 def line_room(file_size):
-    """The most parsing one line of a ``file_size``-byte session may allocate."""
+    """The most parsing one line of a ``file_size``-byte session may allocate: 2x it + 16 MiB."""
     return LINE_ROOM_PER_FILE_BYTE * file_size + LINE_ROOM_SLACK
 
 
 def line_over_budget(raw, room, texts=1):
-    """True when decoding the line ``raw`` (bytes; ``texts`` copies of its text) and parsing it
-    could allocate more than ``room``: its text at the widest width its bytes allow, its strings as
-    ``strings_bound`` counts them, its structure as ``_parse_cost`` does (the exact count only when
-    the fast one is over)."""
+    """Whether decoding the line ``raw`` (bytes; ``texts`` copies of its text) and parsing it could
+    allocate more than ``room``: its text at the widest width its bytes allow, its strings as
+    ``strings_bound`` counts them, its structure as ``_parse_cost`` does (exact only when the fast
+    count is over). An upper bound: a line it lets through stays within ``room``."""
     size = len(raw)
     # performance: no shape costs more
     if texts * 80 + (WORST_BYTE_COST + 4 * (texts - 1)) * size <= room:
@@ -1982,9 +2031,9 @@ def line_over_budget(raw, room, texts=1):
 
 
 def session_line(raw, room, errors="strict"):
-    """``(None, True)`` when a session's line ``raw`` is over ``room`` (``line_over_budget``: not
-    decoded, not parsed), else ``(parse_record of its text, False)``; an invalid UTF-8 line raises
-    UnicodeDecodeError unless ``errors`` is ``"replace"``."""
+    """Parse one line of a session file within ``room``: ``(parse_record of its text, False)``, or
+    ``(None, True)`` when it is over ``room`` (``line_over_budget``: neither decoded nor parsed). An
+    invalid UTF-8 line raises ``UnicodeDecodeError`` unless ``errors`` is ``"replace"``."""
     if line_over_budget(raw, room):
         return None, True
     return parse_record(raw.decode("utf-8", errors)), False
@@ -2408,7 +2457,8 @@ def pick_transcript(bundle):
         return None
     files = {}
     for entry in member.get("files") if isinstance(member.get("files"), list) else ():
-        if isinstance(entry, dict) and isinstance(entry.get("path"), str) and isinstance(entry.get("content_b64"), str):
+        if (isinstance(entry, dict) and isinstance(entry.get("path"), str)
+                and isinstance(entry.get("content_b64"), str)):
             files.setdefault(entry["path"], entry["content_b64"])
 
     def decoded(path):
@@ -2482,7 +2532,8 @@ def render_context(title, turns, max_tokens, untrusted, loaded="", hint_next=Non
     omitted = len(turns) - 1 - len(tail)
     body = [title_line, head]
     if omitted:
-        body.append("\n[%d turn%s omitted here to fit the context budget]" % (omitted, "" if omitted == 1 else "s"))
+        body.append("\n[%d turn%s omitted here to fit the context budget]" % (
+            omitted, "" if omitted == 1 else "s"))
     return body + tail, 1 + len(tail), True
 
 
@@ -2505,7 +2556,8 @@ LOCAL_ID = re.compile(LOCAL_ID_PATTERN[1:-1] + r"\Z")
 _CLAUDE_FILE = re.compile(r"(?!agent-)([A-Za-z0-9][A-Za-z0-9_-]{0,127})\.jsonl\Z")
 # a subagent's (Task tool) file
 _AGENT_FILE = re.compile(r"agent-([A-Za-z0-9][A-Za-z0-9_-]{0,127})\.jsonl\Z")
-_CODEX_FILE = re.compile(r"rollout-\d{4}-\d\d-\d\dT\d\d-\d\d-\d\d-([A-Za-z0-9][A-Za-z0-9_-]{0,127})\.jsonl\Z")
+_CODEX_FILE = re.compile(r"rollout-\d{4}-\d\d-\d\dT\d\d-\d\d-\d\d-"
+                         r"([A-Za-z0-9][A-Za-z0-9_-]{0,127})\.jsonl\Z")
 _DATE_FOLDERS = (re.compile(r"\d{4}\Z"), re.compile(r"\d\d\Z"), re.compile(r"\d\d\Z"))
 TURN_WAIT_S = 5.0       # how long the client may take to write the turn that holds the call
 TURN_POLL_S = 0.1
@@ -2807,7 +2859,8 @@ def first_session_id(data, room=None):
         # candidate lines only (an escape can spell the key)
         if b"sessionId" in line or b"\\u" in line:
             record = session_line(line, room, "replace")[0]
-            if isinstance(record, dict) and isinstance(record.get("sessionId"), str) and record["sessionId"]:
+            if (isinstance(record, dict) and isinstance(record.get("sessionId"), str)
+                    and record["sessionId"]):
                 return record["sessionId"]
     return None
 
@@ -2939,7 +2992,8 @@ class NoSession(Exception):
 
 def project_folders(project):
     """Claude Code's folder names for a project path, by either rule its releases used."""
-    return {re.sub(r"[^A-Za-z0-9]", "-", project), re.sub(r"[/\\.:]", "-", project)} if project else set()
+    return ({re.sub(r"[^A-Za-z0-9]", "-", project), re.sub(r"[/\\.:]", "-", project)} if project
+            else set())
 
 
 def of_this_project(settings, session):
@@ -3098,7 +3152,8 @@ SCAN_BYTES = 1 * MiB         # a query reads this much of a file at a time
 SCAN_PAGE_BYTES = 1024 * MiB
 SNIPPET_SIDE = 70            # bytes of the file each side of a match, before escapes are read
 SNIPPETS = 3                 # snippets a session's row shows at most
-_HEADS = {}                  # (harness, parts, size, mtime) -> a file's head facts: completions ask per keystroke
+# (harness, parts, size, mtime) -> a file's head facts: completions ask per keystroke
+_HEADS = {}
 _HEADS_KEPT = 4096
 
 
@@ -3158,7 +3213,8 @@ def _head(session):
         stamp = record.get("timestamp")
         if facts["started"] is None and isinstance(stamp, str) and _TIMESTAMP.match(stamp):
             facts["started"] = stamp
-        if facts["session_id"] is None and isinstance(record.get("sessionId"), str) and record["sessionId"]:
+        if (facts["session_id"] is None and isinstance(record.get("sessionId"), str)
+                and record["sessionId"]):
             facts["session_id"] = record["sessionId"]
         if not facts["prompt"]:
             facts["prompt"] = _prompt_of(record, session.harness)
@@ -3191,7 +3247,8 @@ def _prompt_of(record, harness):
         texts = [content] if isinstance(content, str) else [
             b.get("text")
             for b in _list(content) if isinstance(b, dict) and b.get("type") == "text"]
-    return " ".join(t.strip() for t in texts if isinstance(t, str) and not t.lstrip().startswith("<")).strip()[:4 * KiB]
+    return " ".join(t.strip() for t in texts
+                    if isinstance(t, str) and not t.lstrip().startswith("<")).strip()[:4 * KiB]
 
 
 # A character of a phrase as a session file may spell it inside a JSON string: as itself (either
@@ -3227,7 +3284,8 @@ class PhraseSearch:
 
     def __init__(self, phrase):
         words = phrase.split()
-        self.pattern = re.compile(_SPACE_RUN.join(b"".join(_spellings(c) for c in w) for w in words), re.I)
+        self.pattern = re.compile(_SPACE_RUN.join(b"".join(_spellings(c) for c in w)
+                                                  for w in words), re.I)
         self.carry = MATCH_BYTES_PER_CHAR * len(" ".join(words))
         # ASCII, no space, quote, / or \
         runs = re.findall(r"[!#-.0-\[\]-~]+", " ".join(words).lower())
@@ -3280,7 +3338,8 @@ def readable(raw):
     """A snippet of a session file as a reader wants it: its JSON escapes read (a lone surrogate
     stays one, which framing replaces), the cut characters at its ends dropped."""
     text = raw.decode("utf-8", "ignore")
-    return _JSON_ESCAPE.sub(lambda m: chr(int(m.group(1), 16)) if m.group(1) else _SHORT_READ[m.group(2)], text)
+    return _JSON_ESCAPE.sub(lambda m: chr(int(m.group(1), 16)) if m.group(1)
+                            else _SHORT_READ[m.group(2)], text)
 
 
 # --- images left out, when the user asks (publish_local_session images=placeholder) --------------
@@ -3362,7 +3421,8 @@ def without_images(data, room=None):
                     stack.append(value)
         if tally["replaced"] > before:
             try:
-                pieces.append(json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+                pieces.append(json.dumps(record, ensure_ascii=False,
+                                         separators=(",", ":")).encode("utf-8"))
             except UnicodeEncodeError:  # a lone surrogate (an escape in the file) stays an escape
                 pieces.append(json.dumps(record, separators=(",", ":")).encode("ascii"))
             pieces.append(view[end:end + 1])
@@ -3414,7 +3474,8 @@ def sdk_module(name):
 
 def sdk_available():
     try:
-        return SDK_PACKAGE in sys.modules or lazy("importlib.util").find_spec(SDK_PACKAGE) is not None
+        return (SDK_PACKAGE in sys.modules
+                or lazy("importlib.util").find_spec(SDK_PACKAGE) is not None)
     except (ImportError, ValueError):
         return False
 
@@ -3497,8 +3558,8 @@ def scrub_worker_main():
             out, report = scrub.scrub_bytes(data, mode="full")
             return out, {"report": {"lines_changed": report.lines_changed, "rules": report.rules}}
         batch = request.get("batch") and batches
-        out, reply = scrub_on_any_stack(data, rules, (lambda: scrub_batch(rules, watch, data)) if batch else whole) or (
-            b"", {"stack_dependent": True})
+        out, reply = scrub_on_any_stack(data, rules, (lambda: scrub_batch(rules, watch, data))
+                                        if batch else whole) or (b"", {"stack_dependent": True})
         reply.update(size=len(out),
                      texts={key: scrub.scrub_text(value)
                             for key, value in request["texts"].items()})
@@ -3682,7 +3743,8 @@ class ScrubWorker:
                 and time.monotonic() - self.used < WORKER_IDLE_S - 30)
 
     def send(self, data, texts, batch):
-        self.proc.stdin.write(json.dumps({"size": len(data), "texts": texts, "batch": batch}).encode() + b"\n")
+        self.proc.stdin.write(json.dumps({"size": len(data), "texts": texts,
+                                          "batch": batch}).encode() + b"\n")
         self.proc.stdin.write(data)  # (not joined to the header: no second copy of a large batch)
         self.proc.stdin.flush()
 
@@ -3752,11 +3814,11 @@ SCRUB_POOL = ScrubPool()
 
 
 class ScrubbedUpload:
-    """A save's scrubbed bytes, the upload, written in order as they come to a private temporary file:
-    in a folder only this user can open (0700), with no name once made on POSIX (the folder is removed
-    at once; on Windows the file and folder go at ``close``). Only ``write`` adds bytes, called only
-    from ``scrub_transcript`` and ``Joins._write``; their SHA-256 is computed as they are. ``close``
-    removes it (again: nothing). Called from: ``prepare_publish``."""
+    """A save's scrubbed bytes, the upload, written in order as they come to a private temporary
+    file: in a folder only this user can open (0700), with no name once made on POSIX (the folder is
+    removed at once; on Windows the file and folder go at ``close``). Only ``write`` adds bytes,
+    called only from ``scrub_transcript`` and ``Joins._write``; their SHA-256 is computed as they
+    are. ``close`` removes it (again: nothing). Called from: ``prepare_publish``."""
 
     def __init__(self):
         tempfile = lazy("tempfile")
@@ -3772,11 +3834,12 @@ class ScrubbedUpload:
         self.size, self.scrubbed, self.digest = 0, 0, lazy("hashlib").sha256()
 
     def _failure(self, err, what):
-        """A ``LocalFailure`` naming the temporary folder and the OS's reason (a full disk: ENOSPC; a file
-        size limit, ``ulimit -f``: EFBIG; a folder that cannot be written: EACCES)."""
-        return LocalFailure("temp_file_failed", say("The scrubbed upload's temporary file in %s %s (%s)",
-                                                    local_line(self.folder or self.where or "no usable folder"), what,
-                                                    _os_reason(err)))
+        """A ``LocalFailure`` naming the temporary folder and the OS's reason (a full disk: ENOSPC;
+        a file size limit, ``ulimit -f``: EFBIG; a folder that cannot be written: EACCES)."""
+        return LocalFailure("temp_file_failed",
+                            say("The scrubbed upload's temporary file in %s %s (%s)",
+                                local_line(self.folder or self.where or "no usable folder"), what,
+                                _os_reason(err)))
 
     def write(self, data, scrubbed):
         """``data``, the scrub of ``scrubbed`` bytes of the transcript."""
@@ -3829,7 +3892,8 @@ def scrub_transcript(transcript, each, texts, cancel, workers, upload):
         pieces = iter([data])  # checked already; its workers scrub it on any stack or refuse it
     if not sdk_available():
         raise SdkMissing()
-    leased = SCRUB_POOL.lease(max(1, min(workers, -(-transcript.size // SCRUB_BATCH_BYTES))), cancel)
+    leased = SCRUB_POOL.lease(max(1, min(workers, -(-transcript.size // SCRUB_BATCH_BYTES))),
+                              cancel)
 
     def kill():  # the cancel flag's hook: every worker at once
         for worker in leased:
@@ -3851,8 +3915,8 @@ def scrub_transcript(transcript, each, texts, cancel, workers, upload):
     except (OSError, ValueError, KeyError, TypeError):
         if cancel.is_set():
             raise Cancelled() from None
-        raise LocalFailure("scrub_failed", say("A scrub process stopped or answered short in the middle of the "
-                                               "scrub")) from None
+        raise LocalFailure("scrub_failed", say("A scrub process stopped or answered short in the "
+                                               "middle of the scrub")) from None
     finally:
         cancel.hook(kill, add=False)
         SCRUB_POOL.release(leased, failed)
@@ -3984,7 +4048,8 @@ def transcript_session_id(data, room=None):
         if b"sessionId" in line or b"\\u" in line:
             if line_over_budget(line, room, texts=2):
                 record = session_line(line, room, "replace")[0]
-                found = str(record["sessionId"]) if isinstance(record, dict) and record.get("sessionId") else None
+                found = (str(record["sessionId"])
+                         if isinstance(record, dict) and record.get("sessionId") else None)
             else:
                 found = module.session_id_of(line)
             if found:
@@ -4054,7 +4119,8 @@ class RecordsLock:
                 busy = os.name == "nt" or isinstance(err, BlockingIOError)
                 if not busy or time.monotonic() > deadline:
                     os.close(fd)
-                    why = (say("another a4sx-mcp process held its lock for %d s", RECORDS_LOCK_WAIT_S) if busy
+                    why = (say("another a4sx-mcp process held its lock for %d s",
+                               RECORDS_LOCK_WAIT_S) if busy
                            else say("its lock file cannot be locked (%s)", _os_reason(err)))
                     raise RecordsError(self.path, why) from None
             time.sleep(0.01)
@@ -4163,7 +4229,8 @@ ENDED_KEEP_S = 7 * 24 * 3600  # what became of a save is kept a week
 def saved_entry(base, key):
     """The library entry this local session was saved to from this machine, or None
     (``saved-sessions.json``: ``{server: {"<harness>:<session id>": library id}}``)."""
-    entries = (_record_file(SAVED_SESSIONS_FILE) or {}).get(sdk_module("config").normalize_base_url(base))
+    entries = (_record_file(SAVED_SESSIONS_FILE) or {}).get(
+        sdk_module("config").normalize_base_url(base))
     value = entries.get(key) if isinstance(entries, dict) else None
     return value if isinstance(value, str) and value else None
 
@@ -4172,7 +4239,8 @@ def ended_save(base, save_id):
     """What became of a save, as its server last recorded it (``Saves.record``), or None:
     ``{"outcome": "may_be_stored" | "saved" | "failed" | "stopped" | "cut", "session": key, "at":
     time}`` under ``ended:<save_id>``."""
-    entries = (_record_file(SAVED_SESSIONS_FILE) or {}).get(sdk_module("config").normalize_base_url(base))
+    entries = (_record_file(SAVED_SESSIONS_FILE) or {}).get(
+        sdk_module("config").normalize_base_url(base))
     value = entries.get("ended:" + save_id) if isinstance(entries, dict) else None
     return value if isinstance(value, dict) and isinstance(value.get("outcome"), str) else None
 
@@ -4182,14 +4250,16 @@ def saves_known(base):
     saved from this machine and when it was last saved (its newest ``ended:<save_id>`` record whose
     outcome is ``saved``; those are kept ENDED_KEEP_S, so an older save's time is None). One read of
     the records."""
-    entries = (_record_file(SAVED_SESSIONS_FILE) or {}).get(sdk_module("config").normalize_base_url(base))
+    entries = (_record_file(SAVED_SESSIONS_FILE) or {}).get(
+        sdk_module("config").normalize_base_url(base))
     entries = entries if isinstance(entries, dict) else {}
     out = {key: {"library_id": value, "saved_at": None} for key, value in entries.items()
            if not key.startswith("ended:") and isinstance(value, str) and value}
     for key, value in entries.items():
         if key.startswith("ended:") and isinstance(value, dict) and value.get("outcome") == "saved":
             known, at = out.get(value.get("session")), value.get("at")
-            if known is not None and isinstance(at, str) and _TIMESTAMP.match(at) and at > (known["saved_at"] or ""):
+            if (known is not None and isinstance(at, str) and _TIMESTAMP.match(at)
+                    and at > (known["saved_at"] or "")):
                 known["saved_at"] = at
     return out
 
@@ -4255,6 +4325,7 @@ PUBLISH_PROPERTIES = {
 
 
 def _object(properties, required=()):
+    """A tool's input schema: an object of ``properties`` and no others, ``required`` when given."""
     schema = {"type": "object", "properties": properties, "additionalProperties": False}
     if required:
         schema["required"] = list(required)
@@ -4434,7 +4505,8 @@ _ERROR_RESULT = {"properties": {"error": {"type": "string", "pattern": "^[a-z][a
 
 
 def _output_schema(properties, required):
-    """An isError result or the tool's own result; every JSON read result starts with its notice."""
+    """A read tool's output schema: its own result (``notice`` first, ``untrusted``, then
+    ``properties``, ``required`` among them) or an error result (``_ERROR_RESULT``)."""
     props = dict({"notice": _TEXT, "untrusted": _FLAG}, **properties)
     return {"type": "object", "anyOf": [
         {"properties": props, "required": ["notice", "untrusted"] + list(required)}, _ERROR_RESULT]}
@@ -4472,7 +4544,8 @@ OUTPUT_SCHEMAS["publish_session"]["anyOf"].append({
     "properties": {"status": {"const": "saving"}, "save_id": _TEXT, "next": _TEXT},
     "required": ["status", "save_id", "next"]})
 OUTPUT_SCHEMAS["publish_local_session"] = json.loads(json.dumps(OUTPUT_SCHEMAS["publish_session"]))
-OUTPUT_SCHEMAS["publish_local_session"]["anyOf"][0]["properties"]["status"] = {"enum": ["saved", "preview"]}
+OUTPUT_SCHEMAS["publish_local_session"]["anyOf"][0]["properties"]["status"] = {
+    "enum": ["saved", "preview"]}
 OUTPUT_SCHEMAS["list_local_sessions"] = _output_schema({
     "scope": {"const": "local"}, "total": _COUNT, "next_offset": _COUNT, "truncated": _FLAG,
     "next": _TEXT,
@@ -4485,15 +4558,17 @@ _PATTERNS = {}
 
 
 def _pattern(source):
-    """JSON Schema patterns are unanchored searches; ``$`` must not accept a trailing newline."""
+    """Compile a schema ``pattern`` once, as JSON Schema means it: an unanchored search whose
+    closing ``$`` accepts no trailing newline (Python's ``$`` does)."""
     if source not in _PATTERNS:
         _PATTERNS[source] = re.compile(source[:-1] + r"\Z" if source.endswith("$") else source)
     return _PATTERNS[source]
 
 
 def validate(schema, value, path):
-    """None, or ``"<path>: <problem>"`` for the first violation (the subset the tool schemas use),
-    in this file's words: schema names and constants, and an unknown property's name echoed."""
+    """Check ``value`` against ``schema`` (the subset the tool schemas use): None, or
+    ``"<path>: <problem>"`` for the first violation, in this file's words: schema names and
+    constants, and an unknown property's name echoed (``echoed_name``)."""
     kind = schema.get("type")
     if kind == "object":
         if not isinstance(value, dict):
@@ -4558,6 +4633,8 @@ def _integral_float(value):
 
 
 def with_defaults(schema, args):
+    """A call's arguments with the schema's defaults filled in, and a whole float given for an
+    integer (``10.0``) made an int."""
     out = {key: prop["default"] for key, prop in schema["properties"].items() if "default" in prop}
     out.update(args)
     for key, prop in schema["properties"].items():  # 10.0 -> 10 for integer properties
@@ -4567,7 +4644,7 @@ def with_defaults(schema, args):
 
 
 class RateLimiter:
-    """A sliding 60-second window, counted per process; a limit of 0 turns it off."""
+    """At most ``per_min`` calls in any 60 seconds (a sliding window, per process); 0: no limit."""
 
     def __init__(self, per_min, window=60.0):
         self.per_min, self.window = per_min, window
@@ -4575,7 +4652,7 @@ class RateLimiter:
         self.lock = threading.Lock()
 
     def take(self):
-        """None when allowed (and counted), else the seconds until a slot frees (≥ 1)."""
+        """Count a call: None when allowed, else the seconds (at least 1) until a slot frees."""
         if self.per_min <= 0:
             return None
         with self.lock:
@@ -4596,12 +4673,13 @@ _VERSION_LIKE = re.compile(r"^v?\d+(\.\d+){1,3}([-+][0-9A-Za-z.-]{1,40})?\Z")
 
 
 def harness_of(value):
-    """``{id, version}``: a known harness id (else ``unknown``) and a version only if it looks like
-    one."""
+    """Read an API ``harness`` field as ``{id, version}``: a known harness id, else ``unknown``,
+    and a version only when it looks like one."""
     hid = value.get("id") if isinstance(value, dict) else value
     hid = hid.strip().lower() if isinstance(hid, str) else ""
     version = value.get("version") if isinstance(value, dict) else None
-    version = version.strip() if isinstance(version, str) and _VERSION_LIKE.match(version.strip()) else None
+    version = (version.strip() if isinstance(version, str) and _VERSION_LIKE.match(version.strip())
+               else None)
     return {"id": hid if hid in KNOWN_HARNESSES else "unknown", "version": version}
 
 
@@ -4623,11 +4701,14 @@ def _tags(value, limit=12):
 
 
 def listing_url(settings, item_id, tenant):
+    """The marketplace page of listing ``item_id`` on this server, with its owner's ``tenant``."""
     url = "%s/marketplace/%s" % (settings.base, quote(_str(item_id), safe="", errors="replace"))
     return url + "?t=" + quote(tenant, safe="", errors="replace") if tenant else url
 
 
 def public_row(settings, item):
+    """A marketplace item of an answer as a result row: known fields only, each of a fixed type,
+    and its ``listing_url``."""
     harness = harness_of(item.get("harness"))
     price = item.get("price_cents")
     price = price if isinstance(price, int) and not isinstance(price, bool) else 0
@@ -4646,6 +4727,7 @@ def public_row(settings, item):
 
 
 def library_row(row):
+    """A library session of an answer as a result row: known fields only, texts as text."""
     harness = harness_of(row.get("harness"))
     return {"source": "library", "id": _str(row.get("id")), "title": _str(row.get("title")),
             "label": _str(row.get("label")), "description": _str(row.get("description")),
@@ -4666,26 +4748,27 @@ class ToolContext:
 
     def __init__(self, server, cancel, progress=None, meta=None):
         self.settings, self.api, self.server = server.settings, server.api, server
-        self.cancel, self.reporter, self.meta = cancel, progress, meta if isinstance(meta, dict) else {}
+        self.cancel, self.reporter, self.meta = (
+            cancel, progress, meta if isinstance(meta, dict) else {})
         self.large = False  # set by a handler that held megabytes: the heap is trimmed afterwards
         self.save = None  # the save this context runs (``Saves.start``)
 
     def progress(self, message):
-        """A progress note: this file's Words (``say`` refuses anything else)."""
+        """Send a progress note: this file's Words only (``say`` refuses anything else)."""
         message = say("%s", message)
         if self.reporter is not None:
             self.reporter(message)
 
     def claim(self, key, exact):
-        """This save is of ``key`` (a session), with ``exact``: its options and the bytes it read.
-        It joins a save in flight of the same key and ``exact``, and stops here; it waits for one of
-        the same key with another ``exact`` (``Saves.claim``)."""
+        """Say what this save is of: ``key`` (a session) and ``exact`` (its options and the bytes
+        it read). A save in flight of the same key and ``exact`` is joined (this call stops here);
+        one of the same key with another ``exact`` is waited for (``Saves.claim``)."""
         if self.save is not None:
             self.server.saves.claim(self.save, key, exact)
 
     def sending(self, caller_key, content_sha):
-        """An upload attempt of ``content_sha`` under ``caller_key`` is about to leave (the
-        write-ahead: ``Saves.sending``); Cancelled if the call was stopped."""
+        """Record that an upload of ``content_sha`` under ``caller_key`` is about to leave (the
+        write-ahead: ``Saves.sending``); raises Cancelled if the call was stopped."""
         if self.save is not None:
             self.save.upload = {"key": caller_key, "sha": content_sha}
             self.server.saves.sending(self.save)
@@ -4693,13 +4776,13 @@ class ToolContext:
             raise Cancelled()
 
     def settled(self, outcome):
-        """What became of this save's upload, once the answer says (``Saves.record``)."""
+        """Record what became of this save's upload, once the answer says (``Saves.record``)."""
         if self.save is not None:
             self.server.saves.record(self.save, outcome)
 
     def holding(self, size):
-        """The call holds ``size`` bytes: past LARGE_CALL_BYTES the heap is trimmed afterwards (and
-        glibc's allocator is set up for big buffers first: ``_glibc``)."""
+        """Note that the call holds ``size`` bytes: past LARGE_CALL_BYTES the heap is trimmed
+        afterwards (and glibc's allocator is set up for big buffers first: ``_glibc``)."""
         self.large = size > LARGE_CALL_BYTES
         if self.large:
             _glibc()
@@ -4714,7 +4797,7 @@ class ToolContext:
         return token
 
     def account(self):
-        """Which account the sign-in is for, as ``Api.account``'s salted digest: ``token``'s checks
+        """The account the sign-in is for, as ``Api.account``'s salted digest; ``token``'s checks
         and errors, and the token is not kept."""
         return self.api.account(self.token())
 
@@ -4744,8 +4827,8 @@ class ToolContext:
         return status, body
 
     def in_background(self, fn):
-        """Runs ``fn`` on its own short-lived thread, for a request that does not depend on the
-        call's others; the returned function waits for it and returns its result or raises."""
+        """Start ``fn`` on its own short-lived thread, for a request that does not depend on the
+        call's others; the function returned waits for it and returns its result or raises."""
         out = []
 
         def run():
@@ -4766,6 +4849,7 @@ class ToolContext:
         return result
 
     def library(self):
+        """The signed-in account's library sessions (the rows that are objects)."""
         _, body = self.request("library")
         rows = body.get("sessions") if isinstance(body, dict) else None
         return [row for row in _list(rows) if isinstance(row, dict)]
@@ -4776,9 +4860,9 @@ PROGRESS_EVERY_S = 4.0
 
 
 class Ticker:
-    """``with Ticker(ctx, what):`` reports ``what`` at once, then every PROGRESS_EVERY_S how long it
-    has been running (and with ``so_far``, a function, how many bytes it did), until the step ends
-    (only when the client asked for progress)."""
+    """Report a long step's progress (``with Ticker(ctx, what):``): ``what`` at once, then every
+    PROGRESS_EVERY_S how long it has run (with ``so_far``, a function, the bytes it did too), until
+    the step ends; only when the client asked for progress."""
 
     def __init__(self, ctx, what, so_far=None):
         self.ctx, self.what, self.done, self.so_far = ctx, what, threading.Event(), so_far
@@ -4793,7 +4877,8 @@ class Ticker:
         started = time.monotonic()
         while not self.done.wait(PROGRESS_EVERY_S):
             seconds = time.monotonic() - started
-            self.ctx.progress(say("%s: %s done, %d s so far", self.what, _size(self.so_far()), seconds) if self.so_far
+            self.ctx.progress(say("%s: %s done, %d s so far", self.what, _size(self.so_far()),
+                                  seconds) if self.so_far
                               else say("%s: %d s so far", self.what, seconds))
 
     def __exit__(self, *exc):
@@ -4807,20 +4892,21 @@ RANK_FIELDS = (("title", 6), ("label", 6), ("id", 5), ("tags", 4), ("description
                ("summary", 1))
 
 
-_COMBINING_MARKS = re.compile("[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]+")
+_COMBINING_MARKS = re.compile("[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff"
+                              "\ufe20-\ufe2f]+")
 
 
 def fold(text):
-    """Lower case, accents dropped (``Café`` and ``cafe`` match)."""
+    """Fold ``text`` for matching: lower case, accents dropped (``Café`` and ``cafe`` match)."""
     if text.isascii():
         return text.lower()
     return _COMBINING_MARKS.sub("", unicodedata.normalize("NFKD", text)).casefold()
 
 
 def ranked(rows, query, sort):
-    """The rows holding every word of ``query`` (in any of the rank fields), best first: the exact
-    phrase, then the words' weight (a whole word counts double, a word's start half again), then
-    ``sort`` (``recent``: newest ``updated_at``; otherwise the library's own order)."""
+    """Keep the rows holding every word of ``query`` (in any of ``RANK_FIELDS``), best first: the
+    exact phrase, then the words' weight (a whole word counts double, a word's start half again),
+    then ``sort`` (``recent``: newest ``updated_at``; otherwise the library's own order)."""
     words = fold(query).split()
     bounds = [(re.compile(r"(?<![^\W_])" + re.escape(w)),
                re.compile(r"(?<![^\W_])%s(?![^\W_])" % re.escape(w)))
@@ -4844,13 +4930,17 @@ def ranked(rows, query, sort):
             score += best
         else:
             exact = len(words) > 1 and any(phrase in text for text, _ in fields)
-            updated = row.get("updated_at") if sort == "recent" and isinstance(row.get("updated_at"), str) else ""
+            updated = (row.get("updated_at")
+                       if sort == "recent" and isinstance(row.get("updated_at"), str) else "")
             scored.append((exact, score, updated, -index, row))
     scored.sort(key=lambda item: item[:4], reverse=True)
     return [item[4] for item in scored]
 
 
 def tool_search_sessions(ctx, args):
+    """search_sessions: one page of the marketplace (``scope`` public: one discover request,
+    signed in or not) or of the user's library (filtered and ranked here). Marketplace rows are
+    always marked untrusted; library rows when another author's content is in them."""
     query = args.get("query", "").strip()
     limit, offset = args["limit"], args["offset"]
     harness = sorted({h.strip().lower() for h in args.get("harness", [])})
@@ -4881,9 +4971,11 @@ def tool_search_sessions(ctx, args):
         total = body.get("total")
         next_offset = body.get("next_offset")
         result = {"scope": "public", "query": query,
-                  "total": total if isinstance(total, int) and not isinstance(total, bool) else len(items),
-                  "next_offset": next_offset if isinstance(next_offset, int) and not isinstance(next_offset, bool)
-                  and next_offset >= 0 else None,
+                  "total": (total if isinstance(total, int) and not isinstance(total, bool)
+                            else len(items)),
+                  "next_offset": (next_offset if isinstance(next_offset, int)
+                                  and not isinstance(next_offset, bool) and next_offset >= 0
+                                  else None),
                   "items": [public_row(ctx.settings, item) for item in items]}
         saw_harness(ctx, result["items"])
         untrusted = True  # marketplace listings are other authors' words: the CAUTION applies
@@ -4894,6 +4986,8 @@ def tool_search_sessions(ctx, args):
 
 
 def tool_get_session_summary(ctx, args):
+    """get_session_summary: a library session's row, or a marketplace listing's row with its
+    outline, members, depth, stats and provenance (one listing request; marked untrusted)."""
     if args["source"] == "library":
         rows = ctx.library()
         row = next((r for r in rows if r.get("id") == args["id"]), None)
@@ -4928,6 +5022,9 @@ def tool_get_session_summary(ctx, args):
 # --- acquire_session ----------------------------------------------------------------------------
 
 def tool_acquire_session(ctx, args):
+    """acquire_session: ask the API to add a listing's session to the library, sending only its
+    id, tenant and version. Acquired: the library id and how to load it; paid and not entitled:
+    the price and the listing's page, never a purchase; reading material only: an error result."""
     ctx.token()  # signed out: said before the rate limit counts the call
     wait = ctx.server.acquire_limit.take()
     if wait:
@@ -4953,7 +5050,8 @@ def tool_acquire_session(ctx, args):
         listing = None
         try:
             item_status, item_body = ctx.send("listing", {"id": sid, "t": tenant})
-            if item_status == 200 and isinstance(item_body, dict) and isinstance(item_body.get("item"), dict):
+            if (item_status == 200 and isinstance(item_body, dict)
+                    and isinstance(item_body.get("item"), dict)):
                 listing = item_body["item"]
         except NetworkError:
             pass
@@ -4965,9 +5063,11 @@ def tool_acquire_session(ctx, args):
             message = "This listing's session is sold separately (see member). " + NEVER_BUYS
         else:
             price = (listing or {}).get("price_cents")
-            result["price_cents"] = price if isinstance(price, int) and not isinstance(price, bool) else None
+            result["price_cents"] = (price if isinstance(price, int) and not isinstance(price, bool)
+                                     else None)
             result["currency"] = _str((listing or {}).get("currency")) or None
-            message = "This session is paid and this account has no purchase or grant for it. " + NEVER_BUYS
+            message = ("This session is paid and this account has no purchase or grant for "
+                       "it. ") + NEVER_BUYS
         result.update(listing_url=listing_url(ctx.settings, sid, owner), message=message)
         return json_result(result, True, "payment_required", hint_next=NEVER_BUYS)
     if status == 409 and code == "memory_only":
@@ -4981,7 +5081,7 @@ HARNESS_SEEN_KEPT = 1024
 
 
 def saw_harness(ctx, rows):
-    """Remembers each shown marketplace row's harness (search results, a summary), so the acquire
+    """Remember each shown marketplace row's harness (search results, a summary), so the acquire
     that follows can name ``a4sx resume`` for a Claude Code session without another round trip; an
     id listed with two harnesses is remembered as unknown."""
     seen = ctx.server.harness_seen
@@ -4996,6 +5096,9 @@ def saw_harness(ctx, rows):
 
 
 def tool_fetch_session_context(ctx, args):
+    """fetch_session_context: load a library session as context, its transcript rendered as framed
+    turns within ``max_tokens``. Marked untrusted when the library says another author's content
+    is in it, or when the library cannot say (an unknown provenance counts as another author's)."""
     _glibc()  # before the first multi-megabyte answer arrives
     library = ctx.in_background(ctx.library)  # the provenance check overlaps the download
     _, bundle = ctx.request("fetch", {"cid": args["id"], "version": args.get("version")})
@@ -5030,7 +5133,7 @@ def tool_fetch_session_context(ctx, args):
     return context_result(body, untrusted, fields, hint)
 
 
-# --- list_local_sessions: this project's sessions on this machine, found by what they hold ----------
+# --- list_local_sessions: this project's sessions on this machine, found by what they hold -------
 
 LOCAL_CAPS = dict(FIELD_CAPS, first_prompt=200, snippets=200, library_id=200)
 # Rows are fitted here first, so framing never drops one (next_offset stays a position in the list,
@@ -5061,11 +5164,12 @@ def this_conversation(sessions, meta):
 
 
 def tool_list_local_sessions(ctx, args):
-    """This project's sessions (section 5), newest first, each with what this machine knows of its
-    saves; with ``query``, those whose files hold the phrase, each file read once. ``next_offset``:
-    the position in the list where the next page goes on (a query's page stops at ``limit`` sessions
-    found or after SCAN_PAGE_BYTES read). Everything from a file is framed as untrusted (it holds
-    tool output, web pages, other authors' sessions); reads only local files, sends nothing."""
+    """List this project's sessions (section 5), newest first, each with what this machine knows of
+    its saves; with ``query``, those whose files hold the phrase, each file read once.
+    ``next_offset``: the position in the list where the next page goes on (a query's page stops at
+    ``limit`` sessions found or after SCAN_PAGE_BYTES read). Everything from a file is framed as
+    untrusted (it holds tool output, web pages, other authors' sessions); reads only local files,
+    sends nothing."""
     settings, query = ctx.settings, args.get("query", "").strip()
     sessions = project_session_list(settings)
     try:
@@ -5545,14 +5649,16 @@ def send_prepared(ctx, prep):
     Then the taint rule and the records; the result's fields.
     Called from: ``publish_checked``, ``tool_publish_local_session``, ``saved_after_preview``."""
     ensure_library(ctx)
-    caller_key = prep.idempotency_key or unsettled_key(ctx, prep.content_sha) or str(lazy("uuid").uuid4())
+    caller_key = (prep.idempotency_key or unsettled_key(ctx, prep.content_sha)
+                  or str(lazy("uuid").uuid4()))
     headers = {"Idempotency-Key": upload_key(caller_key, prep.content_sha, prep.params),
                "X-Content-SHA256": prep.content_sha}
     # claim 7: the upload, and the only call of push_with_retries
-    collection, body = push_with_retries(ctx, prep.upload, prep.params, headers, caller_key, prep.local is not None)
+    collection, body = push_with_retries(ctx, prep.upload, prep.params, headers, caller_key,
+                                         prep.local is not None)
     ctx.settled("saved")
-    untrusted = publish_taint(ctx, prep.lineage, prep.framed, prep.parent_row, collection, prep.rows,
-                              body.get("deduped") is True, earlier=prep.earlier)
+    untrusted = publish_taint(ctx, prep.lineage, prep.framed, prep.parent_row, collection,
+                              prep.rows, body.get("deduped") is True, earlier=prep.earlier)
     if untrusted:
         try:
             mark_untrusted(ctx.settings.base, collection)
@@ -5561,20 +5667,22 @@ def send_prepared(ctx, prep):
     report = prep.report
     result = {"status": "saved", **visibility_of(body), "library_id": collection,
               "version": body.get("version"), "deduped": body.get("deduped") is True,
-              "server_redactions": body.get("redactions"),
-              "client_redactions": {"lines_changed": report["lines_changed"], "rules": report["rules"],
-                                    "title_and_label": prep.text_redactions},
-              "untrusted": untrusted, "parent": prep.parent, "options_applied": not (  # deduped: kept as it was
-                  body.get("deduped") is True and any(prep.params.get(k) for k in ("title", "label", "parent")))}
-    if prep.local is not None:  # publish_local_session says where the save went, as the answer says it
+              "server_redactions": body.get("redactions"), "client_redactions": {
+                  "lines_changed": report["lines_changed"], "rules": report["rules"],
+                  "title_and_label": prep.text_redactions},
+              "untrusted": untrusted, "parent": prep.parent,
+              "options_applied": not (body.get("deduped") is True and any(  # deduped: kept as is
+                  prep.params.get(k) for k in ("title", "label", "parent")))}
+    if prep.local is not None:  # publish_local_session: where the save went, as the answer says it
         into = prep.into
         result["saved_as"] = saved_as(body, into, collection)
-        if into and collection != into:  # not what was sent: never remembered as this session's entry
-            log("warning", "the server stored the upload in another entry than the one it was sent into")
+        if into and collection != into:  # not what was sent: never kept as this session's entry
+            log("warning",
+                "the server stored the upload in another entry than the one it was sent into")
         else:
             try:
                 record_saved(ctx.settings.base, prep.local, collection)
-            except Exception:  # noqa: BLE001 - saved all the same: a later save makes a new entry, not a version
+            except Exception:  # noqa: BLE001 - saved: a later save makes a new entry, not a version
                 log("warning", "could not record where the local session was saved")
     return result
 
@@ -5933,7 +6041,8 @@ class Saves:
             if ahead:
                 raise sdk_missing() from None
             log("warning", "could not record what became of a save")
-        except Exception as err:  # noqa: BLE001 - unforeseen: no upload without its record, and none after is lost
+        except Exception as err:  # noqa: BLE001 - unforeseen
+            # no upload without its record, and none after is lost
             if ahead:
                 raise ToolError("records_unwritable", say("Could not record this save before its "
                                                           "upload (%s). Nothing was sent.",
@@ -6217,7 +6326,8 @@ class LibraryCache:
                 return []
             raise
         with self.lock:
-            if not fresh and account == self.account and time.monotonic() - self.at < LIBRARY_CACHE_S:
+            if (not fresh and account == self.account
+                    and time.monotonic() - self.at < LIBRARY_CACHE_S):
                 return self.rows
         rows = ctx.library()
         with self.lock:
@@ -6364,7 +6474,8 @@ def _enum_of(tool, prop):
 
 def complete(ctx, ref, argument):
     """Completion values for a prompt argument or a template variable, by prefix (at most 100)."""
-    if not isinstance(ref, dict) or not isinstance(argument, dict) or not isinstance(argument.get("name"), str):
+    if (not isinstance(ref, dict) or not isinstance(argument, dict)
+            or not isinstance(argument.get("name"), str)):
         raise FeatureError("invalid",
                            say("completion/complete needs ref and argument {name, value}"))
     name, value = argument["name"], argument.get("value", "")
@@ -6394,7 +6505,8 @@ def complete(ctx, ref, argument):
         template = ref.get("uri")
         if template not in [t["uriTemplate"] for t in RESOURCE_TEMPLATES]:
             raise FeatureError("invalid", say("unknown resource template"))
-        candidates = library_values(ctx, ("id",)) if template.startswith(LIBRARY_URI) and name == "id" else []
+        candidates = (library_values(ctx, ("id",))
+                      if template.startswith(LIBRARY_URI) and name == "id" else [])
     else:
         raise FeatureError("invalid", say("ref.type must be ref/prompt or ref/resource"))
     return completion_values(candidates, value)
@@ -6456,7 +6568,8 @@ MODERN_TASK_METHODS = ("tasks/get", "tasks/update", "tasks/cancel")  # the 2026-
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 RELATED_TASK = "io.modelcontextprotocol/related-task"
 TASK_POLL_MS = 2000  # a save's stage changes every few seconds at most
-KNOWN_METHODS = ("initialize", "ping", "server/discover", "tools/list", "tools/call") + FEATURE_METHODS + TASK_METHODS
+KNOWN_METHODS = ("initialize", "ping", "server/discover", "tools/list",
+                 "tools/call") + FEATURE_METHODS + TASK_METHODS
 # JSON-RPC code (outside the reserved range) of a resource or prompt whose tool failed
 TOOL_FAILURE = 1000
 WEBSITE_URL = "https://session-exchange.com"
@@ -6464,10 +6577,10 @@ SERVER_DESCRIPTION = ("Find, load and privately save coding-agent sessions from 
                       "and marketplace.")
 # A small inline icon (no file to download): a rounded square with "a4".
 ICON = {"src": "data:image/svg+xml;base64,"
-               "PHN2ZyB4bWxucz0iaHR0cDovL3d3dy53My5vcmcvMjAwMC9zdmciIHZpZXdCb3g9IjAgMCAzMiAzMiI+PHJlY3Qgd2lkdGg9"
-               "IjMyIiBoZWlnaHQ9IjMyIiByeD0iNyIgZmlsbD0iIzFmM2E1ZiIvPjx0ZXh0IHg9IjE2IiB5PSIyMiIgZm9udC1zaXplPSIx"
-               "NSIgZm9udC1mYW1pbHk9InNhbnMtc2VyaWYiIGZvbnQtd2VpZ2h0PSJib2xkIiBmaWxsPSIjZmZmIiB0ZXh0LWFuY2hvcj0i"
-               "bWlkZGxlIj5hNDwvdGV4dD48L3N2Zz4=",
+               "PHN2ZyB4bWxucz0iaHR0cDovL3d3dy53My5vcmcvMjAwMC9zdmciIHZpZXdCb3g9IjAgMCAzMiAzMiI+"
+               "PHJlY3Qgd2lkdGg9IjMyIiBoZWlnaHQ9IjMyIiByeD0iNyIgZmlsbD0iIzFmM2E1ZiIvPjx0ZXh0IHg9"
+               "IjE2IiB5PSIyMiIgZm9udC1zaXplPSIxNSIgZm9udC1mYW1pbHk9InNhbnMtc2VyaWYiIGZvbnQtd2Vp"
+               "Z2h0PSJib2xkIiBmaWxsPSIjZmZmIiB0ZXh0LWFuY2hvcj0ibWlkZGxlIj5hNDwvdGV4dD48L3N2Zz4=",
         "mimeType": "image/svg+xml", "sizes": ["any"]}
 MAX_PROGRESS_NOTES = 1000  # a 40 MiB session scrubs for minutes: a note every PROGRESS_EVERY_S
 TOOL_WORKERS = 8
@@ -6669,7 +6782,8 @@ class Server:
                             say("Invalid Request: id must be a string or an integer")))
             return
         method, params = message.get("method"), message.get("params", {})
-        if message.get("jsonrpc") != "2.0" or not isinstance(method, str) or not isinstance(params, dict):
+        if (message.get("jsonrpc") != "2.0" or not isinstance(method, str)
+                or not isinstance(params, dict)):
             reply(rpc_error(msg_id, -32600,
                             say("Invalid Request: needs jsonrpc \"2.0\", a string method and "
                                 "object params")))
@@ -6689,7 +6803,8 @@ class Server:
         the background (``warm_network``)."""
         self.warmed = True
         try:
-            threading.Thread(target=warm_network, args=(self.api,), name="a4sx-warm", daemon=True).start()
+            threading.Thread(target=warm_network, args=(self.api,), name="a4sx-warm",
+                             daemon=True).start()
         except RuntimeError:  # out of threads: the first call loads them itself
             pass
 
@@ -6863,7 +6978,7 @@ class Server:
                     response = answer(err)
             except Cancelled:
                 response = None
-            except BaseException as err:  # noqa: BLE001 - claim 11: never leak a traceback, never die
+            except BaseException as err:  # noqa: BLE001 - claim 11: never leak a traceback or die
                 log("warning", "internal error in a request's worker (%s)" % type(err).__name__)
                 response = rpc_error(msg_id, -32603, say("Internal error"))
             with state.lock:
@@ -6914,7 +7029,7 @@ class Server:
             payload["structuredContent"] = result.structured
         return payload
 
-    # --- tasks: a save as an MCP task, 2025-11-25's experimental ones or the 2026-07-28 extension ----
+    # --- tasks: a save as an MCP task (2025-11-25's experimental ones, the 2026-07-28 extension) --
 
     @staticmethod
     def _task_kind(name, params, version):
@@ -6923,7 +7038,8 @@ class Server:
         2026-07-28 request declares the tasks extension (the server's choice: every save is a task
         then); else None."""
         if version in MODERN_VERSIONS:
-            return "modern" if name in SAVE_HANDLERS and declares_tasks(params.get("_meta")) else None
+            return ("modern" if name in SAVE_HANDLERS and declares_tasks(params.get("_meta"))
+                    else None)
         if "task" not in params or not has_legacy_tasks(version):
             return None  # before 2025-11-25 there are no tasks: the parameter is ignored
         if not isinstance(params["task"], dict):
@@ -6960,11 +7076,13 @@ class Server:
                               "(check with search_sessions, scope library)")
         elif not done:
             status, message = "working", current.stage
-        elif current.result.is_error:  # 2025-11-25 counts a tool error as failed; the extension, completed
-            status, message = ("failed" if kind == "legacy" else "completed"), say("the save failed")
+        elif current.result.is_error:  # 2025-11-25 counts it failed; the extension, completed
+            status, message = (("failed" if kind == "legacy" else "completed"),
+                               say("the save failed"))
         else:
             preview = current.result.outcome == "preview"
-            status, message = "completed", say("previewed: nothing was sent") if preview else say("saved")
+            status, message = "completed", (say("previewed: nothing was sent") if preview
+                                            else say("saved"))
         stamp = max(save.updated_at, current.updated_at)
         task = {"taskId": save.id, "status": status, "statusMessage": message,
                 "createdAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(save.created_at)),
@@ -7094,8 +7212,8 @@ SHUTDOWN_GRACE_S = 30
 # SIGKILL soon after their signal (the TypeScript SDK 2 s after SIGTERM), and an upload cut short is
 # not stored, so waiting longer would only risk being killed mid-record.
 SIGNAL_GRACE_S = 1.5
-_LEADING_ID = re.compile(rb'^\s*\{(?:\s*"(?:jsonrpc|method)"\s*:\s*"[^"\\]{0,100}"\s*,)*\s*"id"\s*:\s*'
-                         rb'(-?\d{1,18}|"[^"\\]{0,200}")')
+_LEADING_ID = re.compile(rb'^\s*\{(?:\s*"(?:jsonrpc|method)"\s*:\s*"[^"\\]{0,100}"\s*,)*'
+                         rb'\s*"id"\s*:\s*(-?\d{1,18}|"[^"\\]{0,200}")')
 
 
 def oversized_id(prefix):
@@ -7118,10 +7236,12 @@ class Writer:
 
     def __call__(self, message):
         try:
-            data = json.dumps(message, separators=(",", ":"), allow_nan=False).encode("ascii") + b"\n"
+            data = json.dumps(message, separators=(",", ":"),
+                              allow_nan=False).encode("ascii") + b"\n"
         except (TypeError, ValueError, RecursionError):
             msg_id = message.get("id") if isinstance(message, dict) else None
-            data = json.dumps(rpc_error(msg_id, -32603, say("Internal error"))).encode("ascii") + b"\n"
+            data = json.dumps(rpc_error(msg_id, -32603,
+                                        say("Internal error"))).encode("ascii") + b"\n"
         with self.lock:
             try:
                 self.stream.write(data)
@@ -7204,20 +7324,24 @@ def sign_in_status(settings):
         return "refused (another user could have written it)", [err.args[0]], False
     if token:
         return "found for this server (%s)" % where, [], True
-    return "none for this server", ["sign in: run `%s` (public search works without it)" % settings.login_hint()], False
+    return ("none for this server",
+            ["sign in: run `%s` (public search works without it)" % settings.login_hint()], False)
 
 
 def run_check(settings):
-    """``--check``: a human-readable diagnosis on stdout (not MCP mode). Never prints the token. Exits 1
-    only for a fix to apply; a missing SDK is a note (the read tools work without it)."""
+    """``--check``: a human-readable diagnosis on stdout (not MCP mode). Never prints the token.
+    Exits 1 only for a fix to apply; a missing SDK is a note (the read tools work without it)."""
     fixes, notes = [], []
     out = ["a4sx-mcp %s --check" % __version__]
     source = {"--base": "the --base flag", "A4SX_BASE": "$A4SX_BASE",
-              "config.json": "the server you signed in to last (%s)" % os.path.join(settings.config_dir, "config.json"),
-              "amdx.json": "%s, written by the standalone a4sx script" % os.path.join(settings.config_dir, "amdx.json"),
+              "config.json": "the server you signed in to last (%s)" % os.path.join(
+                  settings.config_dir, "config.json"),
+              "amdx.json": "%s, written by the standalone a4sx script" % os.path.join(
+                  settings.config_dir, "amdx.json"),
               "default": "the default", "refused": ""}[settings.base_source]
-    out.append("server:     %s" % ("none: the file that names it is refused, and nothing is sent until it is fixed"
-                                   if settings.base_refused else "%s (from %s)" % (settings.base, source)))
+    out.append("server:     %s" % ("none: the file that names it is refused, and nothing is sent "
+                                   "until it is fixed" if settings.base_refused
+                                   else "%s (from %s)" % (settings.base, source)))
     line, fix, signed_in = sign_in_status(settings)
     out.append("sign-in:    " + line)
     fixes += fix
@@ -7234,8 +7358,9 @@ def run_check(settings):
         status, body = api.send("health")
         version = body.get("version") if isinstance(body, dict) else None
         answers = status == 200
-        out.append("answers:    %s" % ("yes (/healthz, server version %s)" % one_line(_str(version), 40)
-                                       if answers else "no (/healthz answered HTTP %d)" % status))
+        out.append("answers:    %s" % (
+            ("yes (/healthz, server version %s)" % one_line(_str(version), 40)) if answers
+            else "no (/healthz answered HTTP %d)" % status))
     except (NetworkError, ConfigUntrusted) as err:
         answers = False
         out.append("answers:    %s" % ("not asked" if settings.base_refused else "no (%s)" % err))
@@ -7251,16 +7376,20 @@ def run_check(settings):
             out.append("accepted:   yes (/accounts/me)")
         elif status is not None:
             out.append("accepted:   no (/accounts/me answered HTTP %d)" % status)
-            fixes.append("the sign-in was not accepted (expired or revoked): run `%s`" % settings.login_hint())
+            fixes.append("the sign-in was not accepted (expired or revoked): run `%s`" % (
+                settings.login_hint()))
     version = sdk_version() if sdk_available() else None
     out.append("a4sx SDK:   %s" % ("%s (publish_session can scrub and save)" % version if version
-                                   else "not installed (search, summaries, acquire and load work; saving does not)"))
+                                   else "not installed (search, summaries, acquire and load work; "
+                                        "saving does not)"))
     if not version:
         install = "pip install '%s%s'" % (SDK_PACKAGE, SDK_RANGE)
-        notes.append("to save sessions (publish_session, publish_local_session), install the a4sx SDK: " + install)
+        notes.append(("to save sessions (publish_session, publish_local_session), install the "
+                      "a4sx SDK: ") + install)
 
     out.append("config dir: %s" % settings.config_dir)
-    for name in ("untrusted.json", SAVED_SESSIONS_FILE):  # a damaged one stops every save before its upload
+    # a damaged one stops every save before its upload
+    for name in ("untrusted.json", SAVED_SESSIONS_FILE):
         damaged = damaged_record_file(name, settings.config_dir)
         if damaged:
             fixes.append("%s: %s" % (os.path.join(settings.config_dir, name), damaged))
@@ -7268,18 +7397,22 @@ def run_check(settings):
     for harness, name in (("claude-code", "Claude Code"), ("codex-cli", "Codex CLI")):
         readers = "publish_local_session and list_local_sessions"
         out.append("sessions:   %s: %d session files in %s (read only by %s)" % (
-            name, sum(1 for x in sessions if x.harness == harness), settings.session_roots[harness], readers))
+            name, sum(1 for x in sessions if x.harness == harness), settings.session_roots[harness],
+            readers))
     own = [x for x in sessions if x.harness == "claude-code" and x.id == settings.claude_session_id]
     out.append("current:    %s" % (
-        "$CLAUDE_CODE_SESSION_ID names a session file here (a call's own _meta is asked first)" if own
+        "$CLAUDE_CODE_SESSION_ID names a session file here (a call's own _meta is asked first)"
+        if own
         else "$CLAUDE_CODE_SESSION_ID names no session file here" if settings.claude_session_id
-        else "decided per call, from what the client sends (Claude Code: the call's tool use id; Codex CLI: its "
-             "session id)"))
-    out.append("project:    %s" % ("none (see the fix below)" if settings.project_refused else settings.project_dir))
+        else "decided per call, from what the client sends (Claude Code: the call's tool use id; "
+             "Codex CLI: its session id)"))
+    out.append("project:    %s" % ("none (see the fix below)" if settings.project_refused
+                                   else settings.project_dir))
     if settings.project_refused:
         fixes.append(settings.project_refused)
-    out.append("saving:     " + (SAVES_OFF + " publish_session and publish_local_session refuse (saving_disabled)."
-                                 if settings.never_save else "on (A4SX_MCP_NEVER_SAVE=1 turns it off for a project)"))
+    out.append("saving:     " + (SAVES_OFF + " publish_session and publish_local_session refuse "
+                                             "(saving_disabled)." if settings.never_save
+                                 else "on (A4SX_MCP_NEVER_SAVE=1 turns it off for a project)"))
     out += what_it_reads(environment(), settings)
     out.append("log level:  %s (stderr)" % settings.log_level)
     out.append("")
@@ -7291,16 +7424,18 @@ def run_check(settings):
 
 
 def what_it_reads(env, settings):
-    """``--check``'s list of everything this file reads (claim 2): ``ENVIRONMENT`` (set or not, never a
-    value; for a number, flag or level the value in use), ``FILES`` and ``SESSION_FILES``."""
+    """``--check``'s list of everything this file reads (claim 2): ``ENVIRONMENT`` (set or not,
+    never a value; for a number, flag or level the value in use), ``FILES`` and
+    ``SESSION_FILES``."""
     out = ["reads:      these variables (set or not set; a token's value is never shown):"]
     for row in ENVIRONMENT:
         used = " = %s" % shown_setting(row, getattr(settings, row.attr)) if row.attr else ""
-        out.append("  %-34s %-8s %s%s" % (row.name, "set" if env[row.name] else "not set", setting_line(row), used))
+        out.append("  %-34s %-8s %s%s" % (row.name, "set" if env[row.name] else "not set",
+                                          setting_line(row), used))
     out.append("            and these files in the config dir:")
     out += ["  %-34s %s; read at %s" % (name, what, when) for name, what, when in FILES]
-    out.append("            and the agents' session files (publish_local_session and list_local_sessions only, through "
-               "no link below these):")
+    out.append("            and the agents' session files (publish_local_session and "
+               "list_local_sessions only, through no link below these):")
     out += ["  %-34s %s" % (name, where) for name, where in SESSION_FILES]
     return out
 
@@ -7323,7 +7458,8 @@ def file_digest_line():
 
 USAGE = """usage: a4sx-mcp [--base URL] [--check] [--version] [--help]
 
-A local MCP server (stdio) for a4sx: search, summarise, acquire, load and save coding-agent sessions.
+A local MCP server (stdio) for a4sx: search, summarise, acquire, load and save coding-agent \
+sessions.
 It speaks MCP on stdin/stdout until stdin closes; start it from an MCP client.
 
   --base URL   the a4sx server (default: $A4SX_BASE, else the server you signed in to with
@@ -7335,11 +7471,12 @@ It speaks MCP on stdin/stdout until stdin closes; start it from an MCP client.
 
 
 def help_text():
-    """``--help``: the usage, then every setting this file reads (``ENVIRONMENT``, the one table), each
-    with what it does, its default and its bounds."""
+    """``--help``: the usage, then every setting this file reads (``ENVIRONMENT``, the one table),
+    each with what it does, its default and its bounds."""
     width = max(len(row.name) for row in ENVIRONMENT)
     rows = ["  %-*s  %s" % (width, row.name, setting_line(row)) for row in ENVIRONMENT]
-    return USAGE + "\nSettings, read from the environment (the MCP client's env block):\n" + "\n".join(rows) + "\n"
+    return (USAGE + "\nSettings, read from the environment (the MCP client's env block):\n" +
+            ("\n".join(rows)) + "\n")
 
 
 def parse_args(argv):
@@ -7372,9 +7509,10 @@ def main(argv=None):
     if options["help"]:
         sys.stdout.write(help_text())
         return 0
-    # they print paths, which may hold characters stdout's
+    # they print paths, which may hold characters stdout's encoding lacks (on Windows a pipe's is
+    # the console code page): escaped, never a traceback
     if options["version"] or options["check"]:
-        try:  # encoding lacks (on Windows a pipe's is the console code page): escaped, never a traceback
+        try:
             sys.stdout.reconfigure(errors="backslashreplace")
         except (AttributeError, ValueError, OSError):
             pass  # not a text stream that can change (None under pythonw, a replaced stream)
@@ -7390,7 +7528,8 @@ def main(argv=None):
     if options["check"]:
         return run_check(settings)
     if settings.base_refused:  # started anyway: each call that needs the server says the same
-        sys.stderr.write("a4sx-mcp: no a4sx server is used until this is fixed: %s\n" % settings.base_refused)
+        sys.stderr.write("a4sx-mcp: no a4sx server is used until this is fixed: %s\n" % (
+            settings.base_refused))
     if settings.project_refused:  # started anyway: publish_local_session says the same
         sys.stderr.write("a4sx-mcp: %s\n" % settings.project_refused)
     sys.stderr.flush()
