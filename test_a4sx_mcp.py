@@ -1692,7 +1692,7 @@ def test_every_number_setting_keeps_its_bounds():
         return a4sx_mcp.read_setting(row, env)
 
     numbers = [row for row in a4sx_mcp.ENVIRONMENT if row.kind == "number"]
-    assert len(numbers) == 8
+    assert len(numbers) == 9
     for row in numbers:
         default = row.default if row.default is not None else min(os.cpu_count() or 1, row.high)
         for raw in ("", "x", "1.5", str(row.low - 1), "-7"):
@@ -7249,17 +7249,17 @@ def test_a_project_that_must_never_be_saved(spawn, stub, token, env):
 
 
 def test_a_kept_preview_expires_and_is_closed(monkeypatch):
-    """A preview is kept PREVIEW_KEEP_S for the save that follows it, then dropped (its scrubbed file
-    closed): never reused after that."""
+    """A preview is kept $A4SX_MCP_PREVIEW_KEEP_S for the save that follows it, then dropped (its
+    scrubbed file closed): never reused after that."""
     closed = []
 
     class Kept:
         def close(self):
             closed.append(self)
-    previews, prep = a4sx_mcp.Previews(), Kept()
+    previews, prep = a4sx_mcp.Previews(300), Kept()
     previews.keep("claude-code:s", "{}", (prep, {}, {}), "sha")
     assert previews.find("claude-code:s", "{}")[0] is prep and closed == []
-    monkeypatch.setattr(a4sx_mcp, "PREVIEW_KEEP_S", -1)  # its time is up
+    monkeypatch.setattr(previews, "keep_s", -1)  # its time is up
     assert previews.find("claude-code:s", "{}") is None and closed == [prep]
 
 
