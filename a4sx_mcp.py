@@ -1320,8 +1320,8 @@ PREVIEW_NEXT = ("Nothing was sent. Show the user what would be saved and ask the
                 "uploads what was scrubbed here, if the session has not changed since.")
 # Only a Claude Code session resumes (the a4sx CLI's rule): the id is the result's library id,
 # named, never written into the text.
-RESUME_NEXT = ("It is a Claude Code session: to continue it in a terminal, run `a4sx resume "
-               "<library_id>` with this result's library id.")
+RESUME_NEXT = ("It is a Claude Code session: the user can continue it in a terminal with "
+               "`uvx a4sx resume <library_id>` (this result's library_id).")
 ACQUIRED_RESUME_NEXT = ACQUIRED_NEXT + " " + RESUME_NEXT
 NEXT_STEPS = (MORE_RESULTS, ACQUIRED_NEXT, NEVER_BUYS, SAVED_NEXT, UNCHANGED_NEXT,
               UNCHANGED_OPTIONS_NEXT, SAVED_PUBLIC_NEXT, PREVIEW_NEXT, RESUME_NEXT,
