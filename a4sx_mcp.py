@@ -5243,6 +5243,7 @@ def tool_publish_session(ctx, args):
     Nothing is read before ``saves_refused`` and the rate limit; bytes over ``max_publish_bytes``
     or a ``content_sha256`` that does not match are refused before anything is sent."""
     saves_refused(ctx.settings)
+    names_refused(args)
     ctx.token()
     data = args["transcript"].encode("utf-8", "surrogatepass")
     ctx.holding(len(data))
@@ -5269,6 +5270,7 @@ def tool_publish_local_session(ctx, args):
     becomes a new version of the entry it was saved to. With ``preview``, all but the upload:
     what would leave, and where (kept briefly: ``Previews``)."""
     saves_refused(ctx.settings)
+    names_refused(args)
     ctx.token()
     take_publish_slot(ctx)  # before anything is looked for or read
     try:
@@ -5347,6 +5349,17 @@ def saves_refused(settings):
                                                "A4SX_MCP_NEVER_SAVE is set in this server's "
                                                "configuration (the project's MCP settings). "
                                                "Nothing was read or sent."))
+
+
+def names_refused(args):
+    """Refuses a ``title`` or ``label`` that is not one line: it would show as several in the library.
+
+    It runs before anything is read or sent."""
+    for name in ("title", "label"):
+        if any(ord(c) < 32 or ord(c) == 127 for c in args.get(name) or ""):
+            raise ToolError("invalid_arguments", say("%s: must be one line, without control "
+                                                     "characters. Nothing was read or sent.",
+                                                     plain_name(name)))
 
 
 def take_publish_slot(ctx):

@@ -1692,7 +1692,7 @@ def test_every_number_setting_keeps_its_bounds():
         return a4sx_mcp.read_setting(row, env)
 
     numbers = [row for row in a4sx_mcp.ENVIRONMENT if row.kind == "number"]
-    assert len(numbers) == 9
+    assert numbers and all(row.attr for row in numbers)  # each is a Settings attribute
     for row in numbers:
         default = row.default if row.default is not None else min(os.cpu_count() or 1, row.high)
         for raw in ("", "x", "1.5", str(row.low - 1), "-7"):
@@ -6952,6 +6952,21 @@ def test_publish_checks_run_in_order_and_send_nothing(spawn, stub, env):
     structured, _, _ = proc.tool("publish_session", {"transcript": small})
     assert structured["error"] == "rate_limited" and structured["retry_after_s"] >= 1
     assert len(stub.requests("POST /library/push")) == 1
+
+
+def test_a_title_or_label_of_more_than_one_line_is_refused_before_anything_is_read(spawn, stub, token, env):
+    """Both save tools refuse a ``title`` or ``label`` holding a control character (it would show as
+    several lines in the library), before the rate limit, the file or the network."""
+    sid, _ = claude_session(env, [claude_record("user", "one line please")])
+    proc = spawn(extra_env={"A4SX_MCP_PUBLISH_PER_MIN": "1"})
+    for name, value in (("label", "db\nfix"), ("title", "a\ttitle"), ("label", "x\x7f")):
+        for tool, args in (("publish_session", {"transcript": cc_transcript()}),
+                           ("publish_local_session", {"session": sid})):
+            structured, text, is_error = proc.tool(tool, dict(args, **{name: value}))
+            assert is_error and structured["error"] == "invalid_arguments", structured
+            assert text.count(name + ": must be one line") == 1 and "Nothing was read or sent" in text
+    assert stub.requests() == []
+    assert not proc.tool("publish_session", {"transcript": cc_transcript(), "label": "db-fix"})[2]
 
 
 def test_publish_retries_busy_scrub_pool_up_to_six_attempts(mcp, stub, token):
