@@ -353,6 +353,8 @@ ENVIRONMENT = (
             "stderr log level: tool names, outcomes and durations, never content"),
     Setting("A4SX_MCP_ANSWER_WITHIN_S", "answer_within_s", "number", ANSWER_WITHIN_S, 0, None,
             "a save answers within this many seconds, finished or not (0: at the end)"),
+    Setting("A4SX_MCP_PREVIEW_KEEP_S", "preview_keep_s", "number", 300, 0, 3600,
+            "how long a preview's scrub is kept for the save that follows it, in seconds"),
     Setting("CLAUDE_CONFIG_DIR", None, "path", "~/.claude", None, None,
             "Claude Code's folder: its projects/ holds the session files"),
     Setting("CLAUDE_CODE_SESSION_ID", None, "agent", "", None, None,
@@ -1318,8 +1320,8 @@ PREVIEW_NEXT = ("Nothing was sent. Show the user what would be saved and ask the
                 "uploads what was scrubbed here, if the session has not changed since.")
 # Only a Claude Code session resumes (the a4sx CLI's rule): the id is the result's library id,
 # named, never written into the text.
-RESUME_NEXT = ("It is a Claude Code session: to continue it in a terminal, run `a4sx resume "
-               "<library_id>` with this result's library id.")
+RESUME_NEXT = ("It is a Claude Code session: the user can continue it in a terminal with "
+               "`uvx a4sx resume <library_id>` (this result's library_id).")
 ACQUIRED_RESUME_NEXT = ACQUIRED_NEXT + " " + RESUME_NEXT
 NEXT_STEPS = (MORE_RESULTS, ACQUIRED_NEXT, NEVER_BUYS, SAVED_NEXT, UNCHANGED_NEXT,
               UNCHANGED_OPTIONS_NEXT, SAVED_PUBLIC_NEXT, PREVIEW_NEXT, RESUME_NEXT,
@@ -5241,6 +5243,7 @@ def tool_publish_session(ctx, args):
     Nothing is read before ``saves_refused`` and the rate limit; bytes over ``max_publish_bytes``
     or a ``content_sha256`` that does not match are refused before anything is sent."""
     saves_refused(ctx.settings)
+    names_refused(args)
     ctx.token()
     data = args["transcript"].encode("utf-8", "surrogatepass")
     ctx.holding(len(data))
@@ -5267,6 +5270,7 @@ def tool_publish_local_session(ctx, args):
     becomes a new version of the entry it was saved to. With ``preview``, all but the upload:
     what would leave, and where (kept briefly: ``Previews``)."""
     saves_refused(ctx.settings)
+    names_refused(args)
     ctx.token()
     take_publish_slot(ctx)  # before anything is looked for or read
     try:
@@ -5345,6 +5349,17 @@ def saves_refused(settings):
                                                "A4SX_MCP_NEVER_SAVE is set in this server's "
                                                "configuration (the project's MCP settings). "
                                                "Nothing was read or sent."))
+
+
+def names_refused(args):
+    """Refuses a ``title`` or ``label`` that is not one line: it would show as several in the library.
+
+    It runs before anything is read or sent."""
+    for name in ("title", "label"):
+        if any(ord(c) < 32 or ord(c) == 127 for c in args.get(name) or ""):
+            raise ToolError("invalid_arguments", say("%s: must be one line, without control "
+                                                     "characters. Nothing was read or sent.",
+                                                     plain_name(name)))
 
 
 def take_publish_slot(ctx):
@@ -5574,19 +5589,18 @@ def saved_after_preview(ctx, session, how, kept, transcript):
     return saved_result(result)
 
 
-PREVIEW_KEEP_S = 300  # a preview's scrub is kept this long for the save that follows it
 PREVIEWS_KEPT = 2
 
 
 class Previews:
     """Keeps previews briefly, so that the save right after one uploads what it showed.
 
-    At most PREVIEWS_KEPT, for PREVIEW_KEEP_S; used only while the session file still begins with
+    At most PREVIEWS_KEPT, for ``keep_s`` (``$A4SX_MCP_PREVIEW_KEEP_S``); used only while the session file still begins with
     the bytes the preview read (a live session grows meanwhile: the preview's own turn is written
     to it). A ``Prepared`` dropped is closed."""
 
-    def __init__(self):
-        self.lock = threading.Lock()
+    def __init__(self, keep_s):
+        self.lock, self.keep_s = threading.Lock(), keep_s
         # (session key, options) -> (monotonic time, (Prepared, found, shown, SHA-256 read))
         self.kept = {}
 
@@ -5596,7 +5610,7 @@ class Previews:
             dropped = self._expire(PREVIEWS_KEPT - 1) + ([earlier[1][0]] if earlier else [])
             self.kept[(key, options)] = (time.monotonic(), value + (digest,))
         self.close(dropped)
-        timer = threading.Timer(PREVIEW_KEEP_S + 1, self.find, ("", ""))  # drops what expired
+        timer = threading.Timer(self.keep_s + 1, self.find, ("", ""))  # drops what expired
         timer.daemon = True
         timer.start()
 
@@ -5626,11 +5640,11 @@ class Previews:
         self.close([found[1][0]] if found else [])
 
     def _expire(self, room):
-        """Drops (under the lock) what is older than PREVIEW_KEEP_S and the oldest past ``room``."""
+        """Drops (under the lock) what is older than ``keep_s`` and the oldest past ``room``."""
         now, dropped, over = time.monotonic(), [], len(self.kept) - room
         for index, (name, (at, value)) in enumerate(sorted(self.kept.items(),
                                                            key=lambda item: item[1][0])):
-            if now - at > PREVIEW_KEEP_S or index < over:
+            if now - at > self.keep_s or index < over:
                 dropped.append(value[0])
                 del self.kept[name]
         return dropped
@@ -6710,7 +6724,7 @@ class Server:
         self.api.on_wait = self.pool.grow
         self.library_cache = LibraryCache()
         self.saves = Saves(self)
-        self.previews = Previews()
+        self.previews = Previews(settings.preview_keep_s)
         self.harness_seen = {}  # listing id -> harness id, from the listings this process showed
 
     # --- messages ---------------------------------------------------------------------------

@@ -1692,7 +1692,7 @@ def test_every_number_setting_keeps_its_bounds():
         return a4sx_mcp.read_setting(row, env)
 
     numbers = [row for row in a4sx_mcp.ENVIRONMENT if row.kind == "number"]
-    assert len(numbers) == 8
+    assert numbers and all(row.attr for row in numbers)  # each is a Settings attribute
     for row in numbers:
         default = row.default if row.default is not None else min(os.cpu_count() or 1, row.high)
         for raw in ("", "x", "1.5", str(row.low - 1), "-7"):
@@ -6954,6 +6954,21 @@ def test_publish_checks_run_in_order_and_send_nothing(spawn, stub, env):
     assert len(stub.requests("POST /library/push")) == 1
 
 
+def test_a_title_or_label_of_more_than_one_line_is_refused_before_anything_is_read(spawn, stub, token, env):
+    """Both save tools refuse a ``title`` or ``label`` holding a control character (it would show as
+    several lines in the library), before the rate limit, the file or the network."""
+    sid, _ = claude_session(env, [claude_record("user", "one line please")])
+    proc = spawn(extra_env={"A4SX_MCP_PUBLISH_PER_MIN": "1"})
+    for name, value in (("label", "db\nfix"), ("title", "a\ttitle"), ("label", "x\x7f")):
+        for tool, args in (("publish_session", {"transcript": cc_transcript()}),
+                           ("publish_local_session", {"session": sid})):
+            structured, text, is_error = proc.tool(tool, dict(args, **{name: value}))
+            assert is_error and structured["error"] == "invalid_arguments", structured
+            assert text.count(name + ": must be one line") == 1 and "Nothing was read or sent" in text
+    assert stub.requests() == []
+    assert not proc.tool("publish_session", {"transcript": cc_transcript(), "label": "db-fix"})[2]
+
+
 def test_publish_retries_busy_scrub_pool_up_to_six_attempts(mcp, stub, token):
     busy = {"error": {"code": "scrub_pool_busy", "details": {"retry_after_s": 1}}}
     for _ in range(5):
@@ -7249,17 +7264,17 @@ def test_a_project_that_must_never_be_saved(spawn, stub, token, env):
 
 
 def test_a_kept_preview_expires_and_is_closed(monkeypatch):
-    """A preview is kept PREVIEW_KEEP_S for the save that follows it, then dropped (its scrubbed file
-    closed): never reused after that."""
+    """A preview is kept $A4SX_MCP_PREVIEW_KEEP_S for the save that follows it, then dropped (its
+    scrubbed file closed): never reused after that."""
     closed = []
 
     class Kept:
         def close(self):
             closed.append(self)
-    previews, prep = a4sx_mcp.Previews(), Kept()
+    previews, prep = a4sx_mcp.Previews(300), Kept()
     previews.keep("claude-code:s", "{}", (prep, {}, {}), "sha")
     assert previews.find("claude-code:s", "{}")[0] is prep and closed == []
-    monkeypatch.setattr(a4sx_mcp, "PREVIEW_KEEP_S", -1)  # its time is up
+    monkeypatch.setattr(previews, "keep_s", -1)  # its time is up
     assert previews.find("claude-code:s", "{}") is None and closed == [prep]
 
 
