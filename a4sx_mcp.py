@@ -5352,7 +5352,7 @@ def saves_refused(settings):
 
 
 def names_refused(args):
-    """Refuses a ``title`` or ``label`` that is not one line: it would show as several in the library.
+    """Refuses a ``title`` or ``label`` that is not one line (it would show as several).
 
     It runs before anything is read or sent."""
     for name in ("title", "label"):
@@ -5595,9 +5595,9 @@ PREVIEWS_KEPT = 2
 class Previews:
     """Keeps previews briefly, so that the save right after one uploads what it showed.
 
-    At most PREVIEWS_KEPT, for ``keep_s`` (``$A4SX_MCP_PREVIEW_KEEP_S``); used only while the session file still begins with
-    the bytes the preview read (a live session grows meanwhile: the preview's own turn is written
-    to it). A ``Prepared`` dropped is closed."""
+    At most PREVIEWS_KEPT, for ``keep_s`` (``$A4SX_MCP_PREVIEW_KEEP_S``); used only while the
+    session file still begins with the bytes the preview read (a live session grows meanwhile: the
+    preview's own turn is written to it). A ``Prepared`` dropped is closed."""
 
     def __init__(self, keep_s):
         self.lock, self.keep_s = threading.Lock(), keep_s
