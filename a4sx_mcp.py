@@ -370,22 +370,30 @@ ENVIRONMENT = (
 )
 
 
+# The log levels as --help and server.json offer them, the default first.
+LEVEL_CHOICES = tuple(sorted(LOG_LEVELS, key=LOG_LEVELS.get, reverse=True))
+
+
+def shown_setting(row, value):
+    """A number, flag or level's value as --check and server.json show it (a flag: 1 or 0)."""
+    if row.kind == "flag":
+        return "1" if value else "0"
+    return str(value)
+
+
 def default_text(setting):
     """A setting's default as --help, --check, README and server.json show it ("" when none)."""
-    value = setting.default
-    if setting.kind == "flag":
-        return "0"
-    if setting.name == "A4SX_MCP_SCRUB_WORKERS":
-        return "the CPUs, at most %d" % SCRUB_WORKERS_MAX
-    if setting.kind == "number" and value >= MiB:
-        return "%d MiB" % (value // MiB)
-    return str(value)
+    if setting.default is None:  # read_setting's: the CPUs, within the bounds
+        return "the CPUs, at most %d" % setting.high
+    if setting.kind == "number" and setting.default >= MiB:
+        return "%d MiB" % (setting.default // MiB)
+    return shown_setting(setting, setting.default)
 
 
 def setting_bounds(setting):
     """A number's bounds as --help and --check show them ("" for other kinds)."""
     if setting.kind == "level":
-        return "one of " + ", ".join(sorted(LOG_LEVELS, key=LOG_LEVELS.get, reverse=True))
+        return "one of " + ", ".join(LEVEL_CHOICES)
     if setting.kind != "number":
         return ""
     return "%s to %s" % (setting.low, setting.high if setting.high is not None else "any")
@@ -393,8 +401,8 @@ def setting_bounds(setting):
 
 def setting_line(setting):
     """What a setting does, its default and bounds, in one line (--help, --check, server.json)."""
-    extra = ["default " + default_text(setting)] if default_text(setting) else []
-    extra += [setting_bounds(setting)] if setting_bounds(setting) else []
+    default, bounds = default_text(setting), setting_bounds(setting)
+    extra = (["default " + default] if default else []) + ([bounds] if bounds else [])
     return setting.what + (" [%s]" % "; ".join(extra) if extra else "")
 
 
@@ -7452,13 +7460,6 @@ def what_it_reads(env, settings):
                "list_local_sessions only, through no link below these):")
     out += ["  %-34s %s" % (name, where) for name, where in SESSION_FILES]
     return out
-
-
-def shown_setting(row, value):
-    """A number, flag or level's value in use, as --check shows it."""
-    if row.kind == "flag":
-        return "1" if value else "0"
-    return str(value)
 
 
 def file_digest_line():

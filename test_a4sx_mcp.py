@@ -10018,9 +10018,9 @@ def registry_variables():
         if row.kind == "flag":
             entry["choices"] = ["0", "1"]
         elif row.kind == "level":
-            entry["choices"] = sorted(a4sx_mcp.LOG_LEVELS, key=a4sx_mcp.LOG_LEVELS.get, reverse=True)
+            entry["choices"] = list(a4sx_mcp.LEVEL_CHOICES)
         if row.kind in ("number", "level", "flag") and row.default is not None:
-            entry["default"] = str(int(row.default) if row.kind == "flag" else row.default)
+            entry["default"] = a4sx_mcp.shown_setting(row, row.default)
         out.append(entry)
     return out
 
